@@ -1,0 +1,33 @@
+# Two set-up commands on a fresh machine (python3 + network to the package index):
+#   make demo   install the fork into .venv and serve a tiny Gemma-4 on CPU
+#   make test   install the fork into .venv and run the CPU test suite
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+
+.PHONY: demo test install check export clean
+
+$(VENV)/.deps: requirements-cpu.txt
+	@$(PY) tools/check_env.py
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip || { echo "error: pip could not reach the package index (check network/proxy)"; exit 1; }
+	$(VPY) -m pip install -q -r requirements-cpu.txt || { echo "error: installing requirements-cpu.txt failed (see pip's message above; is the package index reachable?)"; exit 1; }
+	touch $@
+
+install: $(VENV)/.deps
+	$(PY) tools/fork.py install --venv $(VENV) --no-deps-check
+
+test: install
+	$(VPY) -m pytest test/srt test/tools -q -p no:cacheprovider
+
+demo: install
+	$(VPY) scripts/demo.py
+
+check:
+	$(PY) tools/fork.py check
+
+export:
+	$(PY) tools/fork.py export build/export --force
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,79 @@
+"""Shared helpers: a tiny Gemma-4 served by the fork on CPU, and its HF reference."""
+
+import torch
+
+ENGINE_DEFAULTS = dict(
+    device="cpu",
+    attention_backend="torch_native",
+    dtype="float32",
+    skip_tokenizer_init=True,
+    disable_cuda_graph=True,
+    max_total_tokens=8192,
+    max_running_requests=64,
+    mem_fraction_static=0.05,
+    log_level="error",
+    random_seed=0,
+)
+
+
+def start_engine(model_path: str, **overrides):
+    import sglang as sgl
+
+    kwargs = dict(ENGINE_DEFAULTS)
+    kwargs.update(overrides)
+    return sgl.Engine(model_path=model_path, **kwargs)
+
+
+def decisive_prompts(hf, candidates, max_new_tokens, min_margin=1e-3):
+    """Keep prompts whose greedy continuation has no near-tie, with references."""
+    kept = {}
+    for p in candidates:
+        toks, lps, margin = hf.greedy(p, max_new_tokens)
+        if margin >= min_margin:
+            kept[tuple(p)] = (toks, lps)
+    return kept
+
+
+def engine_greedy(engine, prompts, max_new_tokens, **extra):
+    """Greedy outputs [(token_ids, logprobs)] for prompts sent as one batch."""
+    outs = engine.generate(
+        input_ids=prompts,
+        sampling_params={"max_new_tokens": max_new_tokens, "temperature": 0.0},
+        return_logprob=True,
+        **extra,
+    )
+    res = []
+    for o in outs:
+        lp = o["meta_info"]["output_token_logprobs"]
+        res.append(([t for _, t, _ in lp], [v for v, _, _ in lp]))
+    return res
+
+
+class HFReference:
+    """Hugging Face transformers' Gemma4ForCausalLM on the same checkpoint."""
+
+    def __init__(self, model_path: str):
+        from transformers import Gemma4ForCausalLM
+
+        self.model = Gemma4ForCausalLM.from_pretrained(
+            model_path, torch_dtype=torch.float32
+        ).eval()
+
+    @torch.no_grad()
+    def greedy(self, prompt, max_new_tokens):
+        """(tokens, logprobs, margin): margin is the smallest top-1 minus top-2
+        logprob gap; below ~1e-3 a greedy pick is a numerical tie."""
+        ids = torch.tensor([prompt])
+        tokens, logprobs, margin = [], [], float("inf")
+        past = None
+        for _ in range(max_new_tokens):
+            out = self.model(ids if past is None else ids[:, -1:], past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            top2 = lp.topk(2).values
+            margin = min(margin, float(top2[0] - top2[1]))
+            t = int(lp.argmax())
+            tokens.append(t)
+            logprobs.append(float(lp[t]))
+            ids = torch.cat([ids, torch.tensor([[t]])], dim=1)
+        return tokens, logprobs, margin
