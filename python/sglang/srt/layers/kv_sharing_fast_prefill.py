@@ -1,0 +1,281 @@
+"""KV-sharing fast prefill ("YOCO", You Only Cache Once).
+
+Models such as Gemma-4 E2B/E4B end with KV-shared layers: they write no KV cache
+and attend over the cache of an earlier layer. In a prefill, the only output of
+those layers anybody reads is the last token of each request (it is sampled;
+nothing else is cached). So the back half runs on one token per request:
+
+  1. ``plan_fast_prefill`` decides per forward pass whether that is safe and
+     useful, and picks the rows (last token of each request whose prefill ends
+     in this pass; an unfinished chunk needs no back-half output at all).
+  2. ``back_half_forward_batch`` gives the back half a ForwardBatch and attention
+     metadata for one query per request over the full sequence (prefix =
+     seq_len - 1), and restores the backend's metadata and persistent buffers
+     afterwards, bit for bit.
+  3. The model scatters the rows back, so the final norm, LogitsProcessor and
+     LAST hidden capture see exactly what the full computation produces there.
+
+KV-cache writes are unchanged: the front half writes every token, the back half
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.forward_context import get_attn_backend
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+logger = logging.getLogger(__name__)
+
+# Persistent per-backend index buffers that init_forward_metadata writes in place
+# (a reference to the old ForwardMetadata is not enough to undo those writes).
+_PERSISTENT_BUFFERS = (
+    "kv_indptr",
+    "qo_indptr",
+    "window_kv_indptr",
+    "mask_indptr",
+)
+# Per-forward attributes some backends set next to forward_metadata.
+_PER_FORWARD_ATTRS = ("forward_metadata", "swa_out_cache_loc")
+
+
+def first_kv_shared_layer(config) -> Optional[int]:
+    """Index of the first KV-shared layer, or None when the model has none."""
+    num_shared = getattr(config, "num_kv_shared_layers", 0) or 0
+    if num_shared <= 0:
+        return None
+    return config.num_hidden_layers - num_shared
+
+
+@dataclass
+class FastPrefillPlan:
+    """What the back half of one forward pass runs on."""
+
+    first_shared_layer: int
+    # Rows (into the pass's token dimension) of the tokens the back half runs on.
+    token_index: torch.Tensor
+    # Requests (into the batch) those rows belong to, and their count.
+    req_index: torch.Tensor
+    num_reqs: int
+    # Host copies, so building the back-half batch never syncs the device.
+    seq_lens_cpu: List[int]
+
+
+def fast_prefill_skip_reason(
+    forward_batch: ForwardBatch,
+    first_shared_layer: Optional[int],
+    layers_to_capture: Sequence[int] = (),
+    pp_size: int = 1,
+) -> Optional[str]:
+    """None when YOCO may run this pass, else why the full computation is needed."""
+    if first_shared_layer is None:
+        return "model has no KV-shared layers"
+    # Exactly EXTEND: DECODE/MIXED/TARGET_VERIFY/DRAFT_EXTEND/SPLIT_PREFILL/IDLE/
+    # DLLM either save nothing or need every token's output.
+    if forward_batch.forward_mode != ForwardMode.EXTEND:
+        return f"forward mode {forward_batch.forward_mode.name}"
+    if pp_size > 1:
+        return "pipeline parallelism"
+    extend_lens = forward_batch.extend_seq_lens_cpu
+    if extend_lens is None or not any(n > 1 for n in extend_lens):
+        return "no request has more than one new token"
+    if forward_batch.return_logprob and forward_batch.extend_logprob_start_lens_cpu:
+        for n, start in zip(extend_lens, forward_batch.extend_logprob_start_lens_cpu):
+            if n - start > 0:
+                return "input-token logprobs requested"
+    mode = forward_batch.capture_hidden_mode
+    if mode is not None and mode.is_full():
+        return "full hidden-state capture"
+    # A capture at index i stores the input of layer i: the front half's output
+    # (i == first shared layer) is complete, anything later is not.
+    if any(i > first_shared_layer for i in layers_to_capture):
+        return "hidden-state capture inside the KV-shared layers"
+    if forward_batch.return_pooled_hidden_states or forward_batch.dimensions:
+        return "pooled/embedding output"
+    if forward_batch.multi_item_delimiter_indices is not None:
+        return "multi-item scoring"
+    if forward_batch.input_embeds is not None and forward_batch.input_ids is None:
+        return "input embeddings without ids"
+    return None
+
+
+def _finishing_requests(forward_batch: ForwardBatch) -> List[int]:
+    """Requests whose prefill ends in this pass (an unfinished chunk is dropped)."""
+    bs = forward_batch.batch_size
+    orig = forward_batch.orig_seq_lens
+    if orig is None:
+        return list(range(bs))
+    # One small device->host copy per prefill pass, before any layer is launched.
+    orig_cpu = orig[:bs].tolist()
+    seq_cpu = _seq_lens_cpu(forward_batch)
+    return [i for i in range(bs) if seq_cpu[i] >= orig_cpu[i]]
+
+
+def _seq_lens_cpu(forward_batch: ForwardBatch) -> List[int]:
+    if forward_batch.seq_lens_cpu is not None:
+        return forward_batch.seq_lens_cpu[: forward_batch.batch_size].tolist()
+    return [
+        p + e
+        for p, e in zip(
+            forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
+        )
+    ]
+
+
+def last_token_rows(extend_seq_lens_cpu: Sequence[int], reqs: Sequence[int]) -> List[int]:
+    """Row of each listed request's last new token (extend_start_loc + len - 1)."""
+    starts, acc = [], 0
+    for n in extend_seq_lens_cpu:
+        starts.append(acc)
+        acc += n
+    return [starts[i] + extend_seq_lens_cpu[i] - 1 for i in reqs]
+
+
+def plan_fast_prefill(
+    forward_batch: ForwardBatch,
+    first_shared_layer: Optional[int],
+    layers_to_capture: Sequence[int] = (),
+    pp_size: int = 1,
+) -> Optional[FastPrefillPlan]:
+    """The back-half plan for this pass, or None to run every layer on every token."""
+    reason = fast_prefill_skip_reason(
+        forward_batch, first_shared_layer, layers_to_capture, pp_size
+    )
+    if reason is not None:
+        if first_shared_layer is not None and forward_batch.forward_mode.is_extend():
+            logger.debug("KV-sharing fast prefill: full pass (%s)", reason)
+        return None
+    reqs = _finishing_requests(forward_batch)
+    seq_cpu = _seq_lens_cpu(forward_batch)
+    rows = last_token_rows(forward_batch.extend_seq_lens_cpu, reqs)
+    device = forward_batch.seq_lens.device
+    logger.debug(
+        "KV-sharing fast prefill: back half on %d of %d tokens (%s)",
+        len(rows),
+        sum(forward_batch.extend_seq_lens_cpu),
+        forward_batch.forward_mode.name,
+    )
+    return FastPrefillPlan(
+        first_shared_layer=first_shared_layer,
+        token_index=torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+        req_index=torch.tensor(reqs, dtype=torch.int64).to(device, non_blocking=True),
+        num_reqs=len(reqs),
+        seq_lens_cpu=[seq_cpu[i] for i in reqs],
+    )
+
+
+def make_back_half_batch(
+    forward_batch: ForwardBatch, plan: FastPrefillPlan
+) -> ForwardBatch:
+    """A shallow copy of the batch: one new token per kept request, whose prefix
+    is the rest of its sequence (the front half already cached it)."""
+    n, ridx = plan.num_reqs, plan.req_index
+    fb = copy.copy(forward_batch)
+    device = forward_batch.seq_lens.device
+    seq_lens = forward_batch.seq_lens.index_select(0, ridx)
+    fb.batch_size = n
+    fb.req_pool_indices = forward_batch.req_pool_indices.index_select(0, ridx)
+    fb.seq_lens = seq_lens
+    fb.seq_lens_cpu = torch.tensor(plan.seq_lens_cpu, dtype=torch.int64)
+    fb.seq_lens_sum = sum(plan.seq_lens_cpu)
+    fb.orig_seq_lens = (
+        forward_batch.orig_seq_lens.index_select(0, ridx)
+        if forward_batch.orig_seq_lens is not None
+        else None
+    )
+    fb.extend_num_tokens = n
+    fb.extend_seq_lens = torch.ones(n, dtype=forward_batch.extend_seq_lens.dtype, device=device)
+    fb.extend_prefix_lens = (seq_lens - 1).to(forward_batch.extend_prefix_lens.dtype)
+    fb.extend_start_loc = torch.arange(n, dtype=forward_batch.extend_start_loc.dtype, device=device)
+    fb.extend_seq_lens_cpu = [1] * n
+    fb.extend_prefix_lens_cpu = [s - 1 for s in plan.seq_lens_cpu]
+    fb.extend_logprob_start_lens_cpu = [1] * n
+    fb.out_cache_loc = forward_batch.out_cache_loc.index_select(0, plan.token_index)
+    fb.positions = forward_batch.positions.index_select(0, plan.token_index)
+    if forward_batch.input_ids is not None:
+        fb.input_ids = forward_batch.input_ids.index_select(0, plan.token_index)
+    fb.return_logprob = False
+    fb._attn_output = None  # sized for the full pass
+    return fb
+
+
+class _BackendState:
+    """Everything init_forward_metadata may overwrite, saved for an exact restore.
+
+    Cost is O(max batch): a few index buffers and attribute references."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.attrs = {
+            name: getattr(backend, name)
+            for name in _PER_FORWARD_ATTRS
+            if hasattr(backend, name)
+        }
+        self.buffers = {
+            name: buf.clone()
+            for name in _PERSISTENT_BUFFERS
+            if isinstance(buf := getattr(backend, name, None), torch.Tensor)
+        }
+
+    def restore(self):
+        for name, saved in self.buffers.items():
+            getattr(self.backend, name).copy_(saved)
+        for name, value in self.attrs.items():
+            setattr(self.backend, name, value)
+
+
+@contextmanager
+def back_half_forward_batch(
+    forward_batch: ForwardBatch, plan: FastPrefillPlan
+) -> Iterator[ForwardBatch]:
+    """Attention metadata for one query per kept request; restored on exit."""
+    backend = get_attn_backend()
+    state = _BackendState(backend)
+    try:
+        fb = make_back_half_batch(forward_batch, plan)
+        if plan.num_reqs > 0:
+            backend.init_forward_metadata(fb)
+        yield fb
+    finally:
+        state.restore()
+
+
+def run_back_half(
+    layers,
+    plan: FastPrefillPlan,
+    end_layer: int,
+    positions: torch.Tensor,
+    hidden_states: torch.Tensor,
+    per_layer_inputs: Optional[torch.Tensor],
+    forward_batch: ForwardBatch,
+    **kwargs,
+) -> torch.Tensor:
+    """Run layers [first_shared_layer, end_layer) on the planned rows only and
+    return ``hidden_states`` with those rows replaced (out of place: the input may
+    also be a captured aux hidden state)."""
+    if plan.num_reqs == 0:
+        return hidden_states
+    rows = plan.token_index
+    h = hidden_states.index_select(0, rows)
+    pos = positions.index_select(0, rows)
+    ple = per_layer_inputs.index_select(0, rows) if per_layer_inputs is not None else None
+    with back_half_forward_batch(forward_batch, plan) as fb:
+        for layer_idx in range(plan.first_shared_layer, end_layer):
+            h, _ = layers[layer_idx](
+                positions=pos,
+                hidden_states=h,
+                per_layer_input=ple[:, layer_idx, :] if ple is not None else None,
+                forward_batch=fb,
+                **kwargs,
+            )
+    return hidden_states.index_copy(0, rows, h)
