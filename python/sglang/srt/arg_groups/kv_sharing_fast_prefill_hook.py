@@ -1,0 +1,207 @@
+"""Validation for --kv-sharing-fast-prefill (Gemma-4 YOCO fast prefill).
+
+Gemma-4 E2B/E4B have ``num_kv_shared_layers > 0``: the back half of the
+decoder writes no KV cache and reads the KV of an earlier layer. During
+prefill only the last token of each request has to pass through those layers
+("You Only Cache Once"). The flag is read by the model as
+``get_exec().features.kv_sharing_fast_prefill``; this hook decides at start-up
+whether the configuration allows it and rejects the rest with a message that
+names the offending setting.
+
+Called from ``ServerArgs.__post_init__`` right after
+``handle_speculative_decoding`` (speculative aliases resolved) and before
+``materialize_declarations``, so declared fields are read through
+``resolved_view``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+FLAG = "--kv-sharing-fast-prefill"
+
+# Target architectures whose text stack is gemma4_causal.Gemma4TextModel.
+GEMMA4_ARCHITECTURES = (
+    "Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration",
+    "Gemma4UnifiedForConditionalGeneration",
+)
+
+# Speculative algorithms that only need the last prefill token's hidden state
+# (or none at all). Every other algorithm (EAGLE, EAGLE3, STANDALONE, DFLASH,
+# DSPARK, plugins) needs hidden states or logits of every prefill token.
+# NEXTN is listed for completeness: handle_speculative_decoding resolves it to
+# FROZEN_KV_MTP (Gemma-4 assistant draft) or EAGLE before this hook runs.
+ALLOWED_SPECULATIVE_ALGORITHMS = (None, "FROZEN_KV_MTP", "NEXTN", "NGRAM")
+
+# Attention backends whose prefill path the KV-sharing fast prefill supports.
+ALLOWED_ATTENTION_BACKENDS = ("triton", "trtllm_mha")
+ALLOWED_CPU_ATTENTION_BACKENDS = ("torch_native",)
+
+
+def _cp_enabled(view: Any) -> bool:
+    return (
+        (view.attn_cp_size or 1) > 1
+        or bool(view.enable_prefill_cp)
+        # Legacy aliases; _handle_legacy_cp_arguments normally mirrors them
+        # into enable_prefill_cp already.
+        or bool(view.enable_prefill_context_parallel)
+        or bool(view.enable_dsa_prefill_context_parallel)
+    )
+
+
+# Features the model's fast-prefill branch does not support yet, one entry
+# each: (feature, settings shown in the message, is it on?, what to do
+# instead). Remove an entry once the model supports that feature.
+UNSUPPORTED_FEATURES: List[Tuple[str, Tuple[str, ...], Callable[[Any], bool], str]] = [
+    (
+        "pipeline parallelism",
+        ("pp_size",),
+        lambda v: (v.pp_size or 1) > 1,
+        "use --pp-size 1",
+    ),
+    (
+        "DP attention",
+        ("enable_dp_attention",),
+        lambda v: bool(v.enable_dp_attention),
+        "drop --enable-dp-attention",
+    ),
+    (
+        "context parallelism",
+        ("attn_cp_size", "enable_prefill_cp"),
+        _cp_enabled,
+        "use --attn-cp-size 1 without --enable-prefill-cp",
+    ),
+    (
+        "two-batch overlap",
+        ("enable_two_batch_overlap",),
+        lambda v: bool(v.enable_two_batch_overlap),
+        "drop --enable-two-batch-overlap",
+    ),
+    (
+        "embedding models",
+        ("is_embedding",),
+        lambda v: bool(v.is_embedding),
+        "drop --is-embedding (serve the model for generation)",
+    ),
+    (
+        "multi-item scoring",
+        ("enable_mis",),
+        lambda v: bool(v.enable_mis),
+        "drop --enable-mis",
+    ),
+]
+
+
+def _check_model(server_args: ServerArgs) -> Tuple[int, int]:
+    """(first KV-shared layer, num_hidden_layers); rejects models without any."""
+    model_config = server_args.get_model_config()
+    architectures = list(getattr(model_config.hf_config, "architectures", None) or [])
+    text_config = model_config.hf_text_config
+    num_shared = getattr(text_config, "num_kv_shared_layers", None) or 0
+    num_layers = text_config.num_hidden_layers
+    is_gemma4 = any(arch in GEMMA4_ARCHITECTURES for arch in architectures)
+    if not is_gemma4 or num_shared <= 0 or num_shared >= num_layers:
+        raise ValueError(
+            f"{FLAG} needs a Gemma-4 model with KV-shared layers (E2B/E4B), but "
+            f"{server_args.model_path} has architecture "
+            f"{', '.join(architectures) or 'unknown'} with "
+            f"num_kv_shared_layers={num_shared} (num_hidden_layers={num_layers}). "
+            f"Drop {FLAG} for this model."
+        )
+    return num_layers - num_shared, num_layers
+
+
+def _check_speculative(algorithm: Optional[str]) -> None:
+    if algorithm in ALLOWED_SPECULATIVE_ALGORITHMS:
+        return
+    raise ValueError(
+        f"{FLAG} is incompatible with --speculative-algorithm {algorithm}: "
+        "its draft needs the hidden states or logits of every prefill token, "
+        "which the fast prefill skips in the KV-shared layers. Use "
+        "--speculative-algorithm NEXTN with a Gemma-4 assistant draft "
+        "(FROZEN_KV_MTP) or NGRAM, or drop "
+        f"{FLAG}. (NEXTN with any other draft resolves to EAGLE.)"
+    )
+
+
+def _check_attention_backends(server_args: ServerArgs) -> None:
+    allowed = ALLOWED_ATTENTION_BACKENDS
+    if server_args.device == "cpu":
+        allowed = allowed + ALLOWED_CPU_ATTENTION_BACKENDS
+    prefill, decode = server_args._resolved_attention_backends()
+    for phase, backend in (("prefill", prefill), ("decode", decode)):
+        if backend not in allowed:
+            raise ValueError(
+                f"{FLAG} does not support the {phase} attention backend "
+                f"{backend!r} on device {server_args.device!r} (supported: "
+                f"{', '.join(allowed)}). Set --attention-backend (or "
+                f"--{phase}-attention-backend) to one of those, or drop {FLAG}."
+            )
+
+
+def _check_unsupported_features(view: Any) -> None:
+    for feature, settings, is_on, instead in UNSUPPORTED_FEATURES:
+        if is_on(view):
+            got = ", ".join(f"{name}={getattr(view, name)!r}" for name in settings)
+            raise ValueError(
+                f"{FLAG} does not support {feature} yet (got {got}): "
+                f"{instead}, or drop {FLAG}."
+            )
+
+
+def _handle_prefill_cuda_graph(server_args: ServerArgs) -> None:
+    """The fast prefill gathers each request's last token before the
+    KV-shared layers, a data-dependent shape a captured prefill graph cannot
+    replay; decode graphs are unaffected."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
+
+    backend = server_args.cuda_graph_config.prefill.backend
+    if backend == Backend.DISABLED:
+        return
+    if (Phase.PREFILL, "backend") in server_args._cuda_graph_config_locked:
+        raise ValueError(
+            f"{FLAG} is incompatible with the prefill CUDA graph "
+            f"(backend {backend!r}) that was set explicitly: drop that setting "
+            "(--cuda-graph-backend-prefill or the prefill backend in "
+            "--cuda-graph-config) so it is turned off automatically, or pass "
+            "--disable-prefill-cuda-graph."
+        )
+    logger.warning(
+        "Disabling prefill CUDA graph (%s) because %s is on: the KV-shared "
+        "layers run on a data-dependent number of tokens that a captured "
+        "prefill graph cannot replay (decode CUDA graphs are left as they are).",
+        backend,
+        FLAG,
+    )
+    server_args.cuda_graph_config.prefill.backend = Backend.DISABLED
+
+
+def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
+    """Validate --kv-sharing-fast-prefill; may turn off a defaulted prefill graph."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    view = resolved_view(server_args)
+    if not view.kv_sharing_fast_prefill:
+        return
+
+    first_shared, num_layers = _check_model(server_args)
+    _check_speculative(view.speculative_algorithm)
+    _check_attention_backends(server_args)
+    _check_unsupported_features(view)
+    _handle_prefill_cuda_graph(server_args)
+
+    logger.info(
+        "KV-sharing fast prefill (YOCO) on: first KV-shared layer %d of %d; "
+        "prefill runs layers %d-%d for the last token of each request only",
+        first_shared,
+        num_layers,
+        first_shared,
+        num_layers - 1,
+    )
