@@ -1,0 +1,92 @@
+"""Prefill microbenchmark: YOCO off vs on vs the front-24 ceiling, same GPU, one run.
+
+    python prefill_bench.py OUT.json [--variant e4b] [--points 8000x8,1024x8,...]
+
+Each mode gets its own Engine (the flag is per server). Times Engine.generate with
+max_new_tokens=1 (one prefill pass per batch), radix cache off, eager prefill,
+after a warm-up; median of --repeats. Prints RESULT lines and writes raw JSON.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoints import engine_kwargs, text_config, write_text_checkpoint  # noqa: E402
+
+DEFAULT_POINTS = "64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1,2048x8,4096x1,4096x8,8000x1,8000x8,16000x1,16000x8,32000x1"
+
+
+def sweep(mode, model_dir, points, repeats, tp, vocab):
+    import torch
+    import sglang as sgl
+
+    eng = sgl.Engine(
+        model_path=model_dir,
+        kv_sharing_fast_prefill=(mode == "on"),
+        disable_radix_cache=True,
+        tp_size=tp,
+        **engine_kwargs(),
+    )
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n, L: [torch.randint(10, min(200000, vocab), (L,), generator=g).tolist() for _ in range(n)]
+    sp = {"temperature": 0, "max_new_tokens": 1}
+    eng.generate(input_ids=ids(4, 2048), sampling_params=sp)  # warm-up
+    eng.generate(input_ids=ids(8, 64), sampling_params=sp)
+    out = []
+    for L, n in points:
+        ts = []
+        for _ in range(repeats):
+            batch = ids(n, L)
+            t = time.perf_counter()
+            eng.generate(input_ids=batch, sampling_params=sp)
+            ts.append(time.perf_counter() - t)
+        med = statistics.median(ts)
+        rec = {"mode": mode, "len": L, "batch": n, "median_s": med, "times_s": ts, "tok_s": L * n / med}
+        print(f"RESULT {json.dumps(rec)}", flush=True)
+        out.append(rec)
+    eng.shutdown()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--variant", default="e4b")
+    ap.add_argument("--points", default=DEFAULT_POINTS)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default="off,on,ceiling")
+    ap.add_argument("--tp", type=int, default=1)
+    a = ap.parse_args()
+    points = [tuple(int(x) for x in p.split("x")) for p in a.points.split(",")]
+    root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
+    full = write_text_checkpoint(f"{root}/{a.variant}", a.variant)
+    ceiling = write_text_checkpoint(f"{root}/{a.variant}-front24", f"{a.variant}-front24") if a.variant == "e4b" else None
+    results = []
+    for mode in a.modes.split(","):
+        if mode == "ceiling" and ceiling is None:
+            continue
+        print(f"== mode {mode}", flush=True)
+        results += sweep(mode, ceiling if mode == "ceiling" else full, points, a.repeats, a.tp, text_config(a.variant)["vocab_size"])
+    by = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in results}
+    table = []
+    for L, n in points:
+        off, on, ce = by.get(("off", L, n)), by.get(("on", L, n)), by.get(("ceiling", L, n))
+        row = {"len": L, "batch": n, "off_s": off, "on_s": on, "ceiling_s": ce}
+        if off and on:
+            row["speedup"] = off / on
+        if off and ce:
+            row["ceiling_speedup"] = off / ce
+        if off and on and ce:
+            row["fraction_of_ceiling"] = (off / on) / (off / ce)
+        table.append(row)
+        print("ROW", json.dumps(row), flush=True)
+    with open(a.out, "w") as f:
+        json.dump({"variant": a.variant, "results": results, "table": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
