@@ -8,10 +8,13 @@ nothing else is cached). So the back half runs on one token per request:
   1. ``plan_fast_prefill`` decides per forward pass whether that is safe and
      useful, and picks the rows (last token of each request whose prefill ends
      in this pass; an unfinished chunk needs no back-half output at all).
-  2. ``back_half_forward_batch`` gives the back half a ForwardBatch and attention
-     metadata for one query per request over the full sequence (prefix =
-     seq_len - 1), and restores the backend's metadata and persistent buffers
-     afterwards, bit for bit.
+  2. ``make_back_half_batch`` / ``build_back_half_metadata`` shape the back half
+     as one decode step per request (its query attends over the whole sequence,
+     which the front half already cached) and build that metadata with the
+     backend's own init_forward_metadata, into private twins of its persistent
+     index buffers, before the front half is launched. ``back_half_attention``
+     swaps it in for the KV-shared layers only; the pass's own metadata and
+     buffers are never written, so they are intact afterwards.
   3. The model scatters the rows back, so the final norm, LogitsProcessor and
      LAST hidden capture see exactly what the full computation produces there.
 
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Persistent per-backend index buffers that init_forward_metadata writes in place
-# (a reference to the old ForwardMetadata is not enough to undo those writes).
+# (a reference to the old ForwardMetadata would not protect them).
 _PERSISTENT_BUFFERS = (
     "kv_indptr",
     "qo_indptr",
@@ -69,6 +72,10 @@ class FastPrefillPlan:
     num_reqs: int
     # Host copies, so building the back-half batch never syncs the device.
     seq_lens_cpu: List[int]
+    # The back-half batch (decode-shaped) and its attention metadata, built
+    # before the front half is launched.
+    batch: Optional[ForwardBatch] = None
+    back_attrs: Optional[dict] = None
 
 
 def fast_prefill_skip_reason(
@@ -165,89 +172,123 @@ def plan_fast_prefill(
         sum(forward_batch.extend_seq_lens_cpu),
         forward_batch.forward_mode.name,
     )
-    return FastPrefillPlan(
+    plan = FastPrefillPlan(
         first_shared_layer=first_shared_layer,
         token_index=torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
         req_index=torch.tensor(reqs, dtype=torch.int64).to(device, non_blocking=True),
         num_reqs=len(reqs),
         seq_lens_cpu=[seq_cpu[i] for i in reqs],
     )
+    if plan.num_reqs > 0:
+        plan.batch = make_back_half_batch(forward_batch, plan)
+        plan.back_attrs = build_back_half_metadata(get_attn_backend(), plan.batch)
+    return plan
 
 
 def make_back_half_batch(
     forward_batch: ForwardBatch, plan: FastPrefillPlan
 ) -> ForwardBatch:
-    """A shallow copy of the batch: one new token per kept request, whose prefix
-    is the rest of its sequence (the front half already cached it)."""
-    n, ridx = plan.num_reqs, plan.req_index
+    """A shallow copy of the batch shaped as one decode step per kept request.
+
+    The back half attends from each request's last token over its whole
+    sequence, already cached by the front half: exactly a decode step with no
+    KV write, so decode metadata (split-KV kernels) serves it."""
+    ridx, rows = plan.req_index, plan.token_index
     fb = copy.copy(forward_batch)
-    device = forward_batch.seq_lens.device
-    seq_lens = forward_batch.seq_lens.index_select(0, ridx)
-    fb.batch_size = n
+    fb.forward_mode = ForwardMode.DECODE
+    fb.batch_size = plan.num_reqs
     fb.req_pool_indices = forward_batch.req_pool_indices.index_select(0, ridx)
-    fb.seq_lens = seq_lens
+    fb.seq_lens = forward_batch.seq_lens.index_select(0, ridx)
     fb.seq_lens_cpu = torch.tensor(plan.seq_lens_cpu, dtype=torch.int64)
     fb.seq_lens_sum = sum(plan.seq_lens_cpu)
-    fb.orig_seq_lens = (
-        forward_batch.orig_seq_lens.index_select(0, ridx)
-        if forward_batch.orig_seq_lens is not None
-        else None
-    )
-    fb.extend_num_tokens = n
-    fb.extend_seq_lens = torch.ones(n, dtype=forward_batch.extend_seq_lens.dtype, device=device)
-    fb.extend_prefix_lens = (seq_lens - 1).to(forward_batch.extend_prefix_lens.dtype)
-    fb.extend_start_loc = torch.arange(n, dtype=forward_batch.extend_start_loc.dtype, device=device)
-    fb.extend_seq_lens_cpu = [1] * n
-    fb.extend_prefix_lens_cpu = [s - 1 for s in plan.seq_lens_cpu]
-    fb.extend_logprob_start_lens_cpu = [1] * n
-    fb.out_cache_loc = forward_batch.out_cache_loc.index_select(0, plan.token_index)
-    fb.positions = forward_batch.positions.index_select(0, plan.token_index)
+    if forward_batch.orig_seq_lens is not None:
+        fb.orig_seq_lens = forward_batch.orig_seq_lens.index_select(0, ridx)
+    fb.out_cache_loc = forward_batch.out_cache_loc.index_select(0, rows)
+    fb.positions = forward_batch.positions.index_select(0, rows)
     if forward_batch.input_ids is not None:
-        fb.input_ids = forward_batch.input_ids.index_select(0, plan.token_index)
+        fb.input_ids = forward_batch.input_ids.index_select(0, rows)
+    fb.extend_num_tokens = None
+    fb.extend_seq_lens = fb.extend_prefix_lens = fb.extend_start_loc = None
+    fb.extend_seq_lens_cpu = fb.extend_prefix_lens_cpu = None
+    fb.extend_logprob_start_lens_cpu = None
+    fb.spec_info = None
     fb.return_logprob = False
     fb._attn_output = None  # sized for the full pass
     return fb
 
 
-class _BackendState:
-    """Everything init_forward_metadata may overwrite, saved for an exact restore.
+def _match_extend_window(backend, fb: ForwardBatch) -> None:
+    """Triton's decode metadata keeps the last W keys of a sliding layer, its
+    extend kernel W + 1 (q - k <= W, W = sliding_window - 1). The back half must
+    reproduce the extend pass, so rebuild the window with W + 1 keys."""
+    from sglang.srt.layers.attention.triton_backend import (
+        TritonAttnBackend,
+        update_sliding_window_buffer,
+    )
 
-    Cost is O(max batch): a few index buffers and attribute references."""
+    window = getattr(backend, "sliding_window_size", None)
+    if not isinstance(backend, TritonAttnBackend) or not window or window <= 0:
+        return
+    meta = backend.forward_metadata
+    lens_cpu = [min(s, window + 1) for s in fb.seq_lens_cpu.tolist()]
+    indices = torch.empty(sum(lens_cpu), dtype=torch.int64, device=fb.seq_lens.device)
+    meta.window_kv_indptr, meta.window_kv_indices, _, _ = update_sliding_window_buffer(
+        backend.window_kv_indptr,
+        backend.req_to_token,
+        window + 1,
+        fb.seq_lens,
+        fb.req_pool_indices,
+        fb.batch_size,
+        fb.seq_lens.device,
+        backend.token_to_kv_pool,
+        window_kv_indices=indices,
+    )
 
-    def __init__(self, backend):
-        self.backend = backend
-        self.attrs = {
-            name: getattr(backend, name)
-            for name in _PER_FORWARD_ATTRS
-            if hasattr(backend, name)
-        }
-        self.buffers = {
-            name: buf.clone()
+
+def _scratch_buffers(backend) -> dict:
+    """Private twins of the backend's persistent index buffers (made once), so
+    building the back-half metadata never writes the ones the pass is using."""
+    scratch = getattr(backend, "_kv_sharing_fast_prefill_scratch", None)
+    if scratch is None:
+        scratch = {
+            name: torch.empty_like(buf)
             for name in _PERSISTENT_BUFFERS
             if isinstance(buf := getattr(backend, name, None), torch.Tensor)
         }
+        backend._kv_sharing_fast_prefill_scratch = scratch
+    return scratch
 
-    def restore(self):
-        for name, saved in self.buffers.items():
-            getattr(self.backend, name).copy_(saved)
-        for name, value in self.attrs.items():
-            setattr(self.backend, name, value)
+
+def build_back_half_metadata(backend, fb: ForwardBatch) -> dict:
+    """Run the backend's own init_forward_metadata for the back-half batch into
+    scratch buffers; return the per-forward attributes it produced. The
+    backend is left exactly as it was (buffers untouched, attributes restored)."""
+    originals = {name: getattr(backend, name) for name in _scratch_buffers(backend)}
+    saved = {n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)}
+    try:
+        for name, buf in _scratch_buffers(backend).items():
+            setattr(backend, name, buf)
+        backend.init_forward_metadata(fb)
+        _match_extend_window(backend, fb)
+        return {n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)}
+    finally:
+        for name, buf in originals.items():
+            setattr(backend, name, buf)
+        for name, value in saved.items():
+            setattr(backend, name, value)
 
 
 @contextmanager
-def back_half_forward_batch(
-    forward_batch: ForwardBatch, plan: FastPrefillPlan
-) -> Iterator[ForwardBatch]:
-    """Attention metadata for one query per kept request; restored on exit."""
-    backend = get_attn_backend()
-    state = _BackendState(backend)
+def back_half_attention(backend, back_attrs: dict) -> Iterator[None]:
+    """Swap the back-half metadata in for the KV-shared layers; restore on exit."""
+    saved = {n: getattr(backend, n) for n in back_attrs}
     try:
-        fb = make_back_half_batch(forward_batch, plan)
-        if plan.num_reqs > 0:
-            backend.init_forward_metadata(fb)
-        yield fb
+        for name, value in back_attrs.items():
+            setattr(backend, name, value)
+        yield
     finally:
-        state.restore()
+        for name, value in saved.items():
+            setattr(backend, name, value)
 
 
 def run_back_half(
@@ -267,15 +308,14 @@ def run_back_half(
         return hidden_states
     rows = plan.token_index
     h = hidden_states.index_select(0, rows)
-    pos = positions.index_select(0, rows)
     ple = per_layer_inputs.index_select(0, rows) if per_layer_inputs is not None else None
-    with back_half_forward_batch(forward_batch, plan) as fb:
+    with back_half_attention(get_attn_backend(), plan.back_attrs):
         for layer_idx in range(plan.first_shared_layer, end_layer):
             h, _ = layers[layer_idx](
-                positions=pos,
+                positions=plan.batch.positions,
                 hidden_states=h,
                 per_layer_input=ple[:, layer_idx, :] if ple is not None else None,
-                forward_batch=fb,
+                forward_batch=plan.batch,
                 **kwargs,
             )
     return hidden_states.index_copy(0, rows, h)
