@@ -16,6 +16,7 @@ Called from ``ServerArgs.__post_init__`` right after
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
@@ -74,7 +75,12 @@ UNSUPPORTED_FEATURES: List[Tuple[str, Tuple[str, ...], Callable[[Any], bool], st
     ),
     (
         "context parallelism",
-        ("attn_cp_size", "enable_prefill_cp"),
+        (
+            "attn_cp_size",
+            "enable_prefill_cp",
+            "enable_prefill_context_parallel",
+            "enable_dsa_prefill_context_parallel",
+        ),
         _cp_enabled,
         "use --attn-cp-size 1 without --enable-prefill-cp",
     ),
@@ -124,10 +130,9 @@ def _check_speculative(algorithm: Optional[str]) -> None:
     raise ValueError(
         f"{FLAG} is incompatible with --speculative-algorithm {algorithm}: "
         "its draft needs the hidden states or logits of every prefill token, "
-        "which the fast prefill skips in the KV-shared layers. Use "
-        "--speculative-algorithm NEXTN with a Gemma-4 assistant draft "
-        "(FROZEN_KV_MTP) or NGRAM, or drop "
-        f"{FLAG}. (NEXTN with any other draft resolves to EAGLE.)"
+        "which the fast prefill skips in the KV-shared layers. Use NGRAM, or "
+        "NEXTN with a Gemma-4 assistant draft (runs as FROZEN_KV_MTP; NEXTN "
+        f"with any other draft becomes EAGLE), or drop {FLAG}."
     )
 
 
@@ -146,10 +151,13 @@ def _check_attention_backends(server_args: ServerArgs) -> None:
             )
 
 
-def _check_unsupported_features(view: Any) -> None:
+def _check_unsupported_features(server_args: ServerArgs, view: Any) -> None:
+    defaults = {f.name: f.default for f in dataclasses.fields(server_args)}
     for feature, settings, is_on, instead in UNSUPPORTED_FEATURES:
         if is_on(view):
-            got = ", ".join(f"{name}={getattr(view, name)!r}" for name in settings)
+            # Name the settings that differ from their defaults.
+            changed = [n for n in settings if getattr(view, n) != defaults.get(n)]
+            got = ", ".join(f"{n}={getattr(view, n)!r}" for n in changed or settings)
             raise ValueError(
                 f"{FLAG} does not support {feature} yet (got {got}): "
                 f"{instead}, or drop {FLAG}."
@@ -194,7 +202,7 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     first_shared, num_layers = _check_model(server_args)
     _check_speculative(view.speculative_algorithm)
     _check_attention_backends(server_args)
-    _check_unsupported_features(view)
+    _check_unsupported_features(server_args, view)
     _handle_prefill_cuda_graph(server_args)
 
     logger.info(

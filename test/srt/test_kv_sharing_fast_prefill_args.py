@@ -1,0 +1,559 @@
+"""--kv-sharing-fast-prefill (Gemma-4 YOCO fast prefill): the server argument
+and the start-up checks in arg_groups/kv_sharing_fast_prefill_hook.py.
+
+Models are config-only checkpoints (ServerArgs reads config.json, no weights)
+shaped like the real Gemma-4 text configs: E2B (35 layers, 20 KV-shared) and
+E4B (42/18) are accepted, 26B-A4B (MoE) and 31B (no KV-shared layers) and a
+non-Gemma model are rejected. Most cases go through ServerArgs on CPU
+(device=cpu, attention_backend=torch_native), which is what
+sglang.Engine(**kwargs) and launch_server build. Cases that ServerArgs blocks on
+a CPU-only machine before the hook runs (GPU-only attention backends,
+DFLASH/DSPARK, multi-item scoring) call the hook on a resolved ServerArgs with
+the setting overridden.
+"""
+
+import argparse
+import copy
+import json
+import logging
+
+import pytest
+
+from tiny_gemma4 import TINY_TEXT_CONFIG
+
+FLAG = "--kv-sharing-fast-prefill"
+HOOK_LOGGER = "sglang.srt.arg_groups.kv_sharing_fast_prefill_hook"
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _layer_types(num_layers, period):
+    """Gemma-4 pattern: (period - 1) sliding layers, then one full layer."""
+    return [
+        "full_attention" if (i + 1) % period == 0 else "sliding_attention"
+        for i in range(num_layers)
+    ]
+
+
+def gemma4_text_config(variant):
+    """The tiny test config with the layer structure of a real Gemma-4 model."""
+    cfg = copy.deepcopy(TINY_TEXT_CONFIG)
+    if variant == "E2B":
+        cfg.update(
+            num_hidden_layers=35,
+            num_kv_shared_layers=20,
+            layer_types=_layer_types(35, 5),
+            use_double_wide_mlp=True,
+        )
+    elif variant == "E4B":
+        cfg.update(
+            num_hidden_layers=42,
+            num_kv_shared_layers=18,
+            layer_types=_layer_types(42, 6),
+            use_double_wide_mlp=False,
+        )
+    elif variant == "26B-A4B":
+        cfg.update(
+            num_hidden_layers=30,
+            num_kv_shared_layers=0,
+            layer_types=_layer_types(30, 6),
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=32,
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            hidden_size_per_layer_input=0,
+            use_double_wide_mlp=False,
+        )
+    elif variant == "31B":
+        cfg.update(
+            num_hidden_layers=60,
+            num_kv_shared_layers=0,
+            layer_types=_layer_types(60, 6),
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            hidden_size_per_layer_input=0,
+            use_double_wide_mlp=False,
+        )
+    else:
+        raise ValueError(variant)
+    return cfg
+
+
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+}
+
+
+def gemma4_assistant_config():
+    """A Gemma-4 MTP assistant draft (NEXTN with it resolves to FROZEN_KV_MTP)."""
+    text = {k: v for k, v in TINY_TEXT_CONFIG.items() if k != "architectures"}
+    text.update(
+        num_hidden_layers=4,
+        num_kv_shared_layers=4,
+        layer_types=_layer_types(4, 4),
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=0,
+        use_double_wide_mlp=False,
+    )
+    return {
+        "architectures": ["Gemma4AssistantForCausalLM"],
+        "model_type": "gemma4_assistant",
+        "backbone_hidden_size": TINY_TEXT_CONFIG["hidden_size"],
+        "use_ordered_embeddings": True,
+        "num_centroids": 16,
+        "centroid_intermediate_top_k": 4,
+        "tie_word_embeddings": True,
+        "text_config": text,
+    }
+
+
+CONFIGS = {
+    "E2B": lambda: gemma4_text_config("E2B"),
+    "E4B": lambda: gemma4_text_config("E4B"),
+    "26B-A4B": lambda: gemma4_text_config("26B-A4B"),
+    "31B": lambda: gemma4_text_config("31B"),
+    "llama": lambda: LLAMA_CONFIG,
+    # A non-Gemma-4 architecture that carries the attribute is still rejected.
+    "llama-kv-shared": lambda: dict(LLAMA_CONFIG, num_kv_shared_layers=1),
+    "assistant": gemma4_assistant_config,
+}
+
+
+@pytest.fixture
+def model(tmp_path):
+    """model("E4B") -> path of a config-only checkpoint dir."""
+
+    def make(name):
+        path = tmp_path / name
+        if not path.exists():
+            path.mkdir()
+            (path / "config.json").write_text(json.dumps(CONFIGS[name](), indent=1))
+        return str(path)
+
+    return make
+
+
+# --------------------------------------------------------------------------- helpers
+
+BASE_KWARGS = dict(
+    device="cpu",
+    attention_backend="torch_native",
+    skip_tokenizer_init=True,
+    kv_sharing_fast_prefill=True,
+)
+
+
+def server_args(model_path, **overrides):
+    """ServerArgs as sglang.Engine(model_path=..., **kwargs) builds them."""
+    from sglang.srt.server_args import ServerArgs
+
+    kwargs = dict(BASE_KWARGS, model_path=model_path)
+    kwargs.update(overrides)
+    return ServerArgs(**kwargs)
+
+
+def cli_parser():
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def server_args_from_cli(argv):
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs.from_cli_args(cli_parser().parse_args(argv))
+
+
+def reject(fn, *args, **kwargs) -> str:
+    with pytest.raises(ValueError) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+def run_hook(resolved, **fields):
+    """Run the hook on a copy of a resolved ServerArgs with `fields` set, for
+    settings that ServerArgs on a CPU-only machine rejects before the hook."""
+    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
+        handle_kv_sharing_fast_prefill,
+    )
+
+    args = copy.copy(resolved)
+    args._resolved_overrides = []  # fields are materialized; start a fresh stash
+    object.__setattr__(
+        args, "cuda_graph_config", copy.deepcopy(resolved.cuda_graph_config)
+    )
+    args.override("test", **fields)
+    handle_kv_sharing_fast_prefill(args)
+    return args
+
+
+@pytest.fixture
+def e4b_resolved(model):
+    return server_args(model("E4B"))
+
+
+# --------------------------------------------------------------------------- the flag
+
+
+def test_default_is_off(model):
+    from sglang.srt.server_args import ServerArgs
+
+    assert ServerArgs.__dataclass_fields__["kv_sharing_fast_prefill"].default is False
+    kwargs = dict(BASE_KWARGS)
+    del kwargs["kv_sharing_fast_prefill"]
+    args = ServerArgs(model_path=model("E4B"), **kwargs)
+    assert args.kv_sharing_fast_prefill is False
+    argv = ["--model-path", model("E4B"), "--device", "cpu"]
+    argv += ["--attention-backend", "torch_native"]
+    assert server_args_from_cli(argv).kv_sharing_fast_prefill is False
+
+
+def test_off_skips_every_check(model):
+    # 26B-A4B has no KV-shared layers; without the flag nothing is checked.
+    args = server_args(model("26B-A4B"), kv_sharing_fast_prefill=False, pp_size=2)
+    assert args.kv_sharing_fast_prefill is False
+
+
+def test_cli_round_trip(model):
+    argv = ["--model-path", model("E4B"), "--device", "cpu"]
+    argv += ["--attention-backend", "torch_native", FLAG]
+    assert server_args_from_cli(argv).kv_sharing_fast_prefill is True
+
+
+def test_help_mentions_flag():
+    help_text = " ".join(cli_parser().format_help().split())
+    assert FLAG in help_text
+    assert "last token of each request" in help_text
+    assert "YOCO" in help_text
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_model_reads_flag_from_exec_features(model, on):
+    # The model branch reads get_exec().features.kv_sharing_fast_prefill.
+    from sglang.srt.runtime_context import get_context, get_exec
+
+    args = server_args(model("E4B"), kv_sharing_fast_prefill=on)
+    with get_context().preserve_config():
+        get_context().set_server_args(args)
+        assert get_exec().features.kv_sharing_fast_prefill is on
+
+
+CLI_VS_KWARGS = {
+    "E4B accepted": ({}, []),
+    "26B-A4B rejected": ({"model": "26B-A4B"}, []),
+    "pipeline parallel rejected": ({"pp_size": 2}, ["--pp-size", "2"]),
+    "EAGLE rejected": (
+        {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "E4B"},
+        ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "E4B"],
+    ),
+    "pinned prefill graph rejected": (
+        {"attention_backend": "triton", "cuda_graph_backend_prefill": "breakable"},
+        ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "breakable"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CLI_VS_KWARGS))
+def test_cli_and_engine_kwargs_decide_alike(model, case):
+    kwargs, extra_argv = copy.deepcopy(CLI_VS_KWARGS[case])
+    path = model(kwargs.pop("model", "E4B"))
+    if kwargs.get("speculative_draft_model_path"):
+        kwargs["speculative_draft_model_path"] = model("E4B")
+        extra_argv[extra_argv.index("E4B")] = model("E4B")
+    argv = ["--model-path", path, "--device", "cpu", "--skip-tokenizer-init"]
+    argv += ["--attention-backend", "torch_native", FLAG] + extra_argv
+
+    def outcome(build):
+        try:
+            args = build()
+        except ValueError as e:
+            return ("rejected", str(e))
+        prefill_graph = args.cuda_graph_config.prefill.backend
+        return ("accepted", args.kv_sharing_fast_prefill, prefill_graph)
+
+    from_kwargs = outcome(lambda: server_args(path, **kwargs))
+    from_cli = outcome(lambda: server_args_from_cli(argv))
+    assert from_kwargs == from_cli
+    assert from_kwargs[0] == ("accepted" if case.endswith("accepted") else "rejected")
+
+
+# --------------------------------------------------------------------------- models
+
+
+@pytest.mark.parametrize(
+    "variant, first_shared, num_layers", [("E2B", 15, 35), ("E4B", 24, 42)]
+)
+def test_gemma4_with_kv_shared_layers_accepted(
+    model, caplog, variant, first_shared, num_layers
+):
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        args = server_args(model(variant))
+    assert args.kv_sharing_fast_prefill is True
+    lines = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    assert lines == [
+        f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
+        f"of {num_layers}; prefill runs layers {first_shared}-{num_layers - 1} "
+        "for the last token of each request only"
+    ]
+
+
+@pytest.mark.parametrize("variant, num_layers", [("26B-A4B", 30), ("31B", 60)])
+def test_gemma4_without_kv_shared_layers_rejected(model, variant, num_layers):
+    msg = reject(server_args, model(variant))
+    assert FLAG in msg
+    assert "num_kv_shared_layers=0" in msg
+    assert f"num_hidden_layers={num_layers}" in msg
+    assert "Gemma4ForCausalLM" in msg
+
+
+@pytest.mark.parametrize("name, num_shared", [("llama", 0), ("llama-kv-shared", 1)])
+def test_non_gemma4_model_rejected(model, name, num_shared):
+    msg = reject(server_args, model(name))
+    assert FLAG in msg
+    assert "architecture LlamaForCausalLM" in msg
+    assert f"num_kv_shared_layers={num_shared}" in msg
+
+
+def test_multimodal_gemma4_architectures_accepted(e4b_resolved):
+    # The real E2B/E4B checkpoints are Gemma4ForConditionalGeneration; their
+    # text stack is the same Gemma4TextModel.
+    from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
+
+    for arch in (
+        "Gemma4ForConditionalGeneration",
+        "Gemma4UnifiedForConditionalGeneration",
+    ):
+        args = copy.copy(e4b_resolved)
+        model_config = copy.copy(e4b_resolved.get_model_config())
+        model_config.hf_config = copy.copy(model_config.hf_config)
+        model_config.hf_config.architectures = [arch]
+        object.__setattr__(args, "model_config", model_config)
+        assert hook._check_model(args) == (24, 42)
+
+
+# --------------------------------------------------------------------------- spec
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "STANDALONE"])
+def test_speculative_needing_every_token_rejected(model, algorithm):
+    msg = reject(
+        server_args,
+        model("E4B"),
+        speculative_algorithm=algorithm,
+        speculative_draft_model_path=model("E4B"),
+    )
+    assert f"{FLAG} is incompatible with --speculative-algorithm {algorithm}" in msg
+    assert "FROZEN_KV_MTP" in msg
+
+
+def test_nextn_with_non_assistant_draft_resolves_to_eagle_and_is_rejected(model):
+    msg = reject(
+        server_args,
+        model("E4B"),
+        speculative_algorithm="NEXTN",
+        speculative_draft_model_path=model("E4B"),
+    )
+    assert "--speculative-algorithm EAGLE" in msg
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", "DSPARK", "SOME_PLUGIN_ALGO"])
+def test_speculative_gpu_only_or_plugin_rejected(e4b_resolved, algorithm):
+    # ServerArgs on CPU rejects DFLASH/DSPARK before the hook; check the hook.
+    msg = reject(run_hook, e4b_resolved, speculative_algorithm=algorithm)
+    assert f"--speculative-algorithm {algorithm}" in msg
+
+
+@pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
+def test_frozen_kv_mtp_accepted(model, algorithm):
+    args = server_args(
+        model("E4B"),
+        speculative_algorithm=algorithm,
+        speculative_draft_model_path=model("assistant"),
+    )
+    assert args.speculative_algorithm == "FROZEN_KV_MTP"
+    assert args.kv_sharing_fast_prefill is True
+
+
+def test_ngram_accepted(model):
+    args = server_args(model("E4B"), speculative_algorithm="NGRAM")
+    assert args.speculative_algorithm == "NGRAM"
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def test_torch_native_on_cpu_accepted(e4b_resolved):
+    backends = e4b_resolved._resolved_attention_backends()
+    assert backends == ("torch_native", "torch_native")
+
+
+def test_triton_accepted(model):
+    args = server_args(model("E4B"), attention_backend="triton")
+    assert args._resolved_attention_backends() == ("triton", "triton")
+
+
+def test_trtllm_mha_accepted(e4b_resolved):
+    # trtllm_mha needs a Blackwell GPU to get through ServerArgs.
+    args = run_hook(e4b_resolved, device="cuda", attention_backend="trtllm_mha")
+    assert args._resolved_attention_backends() == ("trtllm_mha", "trtllm_mha")
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "fa3", "intel_xpu"])
+def test_other_attention_backends_rejected(e4b_resolved, backend):
+    # Gemma-4's own check rejects most of these before the hook on CPU.
+    msg = reject(run_hook, e4b_resolved, device="cuda", attention_backend=backend)
+    assert f"prefill attention backend {backend!r}" in msg
+    assert "--attention-backend" in msg
+
+
+def test_torch_native_off_cpu_rejected(e4b_resolved):
+    msg = reject(
+        run_hook, e4b_resolved, device="cuda", attention_backend="torch_native"
+    )
+    assert "prefill attention backend 'torch_native' on device 'cuda'" in msg
+
+
+def test_decode_attention_backend_checked_too(e4b_resolved):
+    msg = reject(
+        run_hook,
+        e4b_resolved,
+        device="cuda",
+        attention_backend="triton",
+        decode_attention_backend="flashinfer",
+    )
+    assert "decode attention backend 'flashinfer'" in msg
+    assert "--decode-attention-backend" in msg
+
+
+# --------------------------------------------------------------------------- features
+
+
+UNSUPPORTED = {
+    "pipeline parallelism": (dict(pp_size=2), "got pp_size=2", "--pp-size 1"),
+    "DP attention": (
+        dict(enable_dp_attention=True, dp_size=2, tp_size=2),
+        "got enable_dp_attention=True",
+        "--enable-dp-attention",
+    ),
+    "context parallelism": (
+        dict(attn_cp_size=2, tp_size=2), "got attn_cp_size=2", "--attn-cp-size 1"
+    ),
+    "context parallelism (prefill CP)": (
+        dict(enable_prefill_cp=True, cp_strategy="zigzag"),
+        "enable_prefill_cp=True",
+        "--enable-prefill-cp",
+    ),
+    "two-batch overlap": (
+        dict(enable_two_batch_overlap=True),
+        "got enable_two_batch_overlap=True",
+        "--enable-two-batch-overlap",
+    ),
+    "embedding models": (
+        dict(is_embedding=True),
+        "got is_embedding=True",
+        "--is-embedding",
+    ),
+}
+
+
+@pytest.mark.parametrize("feature", list(UNSUPPORTED))
+def test_unsupported_features_rejected(model, feature):
+    overrides, got, advice = UNSUPPORTED[feature]
+    msg = reject(server_args, model("E4B"), **overrides)
+    assert f"does not support {feature.split(' (')[0]} yet" in msg
+    assert got in msg
+    assert advice in msg
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "enable_prefill_cp",
+        # legacy aliases
+        "enable_prefill_context_parallel",
+        "enable_dsa_prefill_context_parallel",
+    ],
+)
+def test_each_context_parallel_setting_rejected(e4b_resolved, field):
+    msg = reject(run_hook, e4b_resolved, **{field: True})
+    assert f"does not support context parallelism yet (got {field}=True)" in msg
+
+
+def test_multi_item_scoring_rejected(e4b_resolved):
+    # ServerArgs requires flashinfer for --enable-mis, which Gemma-4 rejects first.
+    msg = reject(run_hook, e4b_resolved, enable_mis=True)
+    assert "does not support multi-item scoring yet (got enable_mis=True)" in msg
+    assert "--enable-mis" in msg
+
+
+# --------------------------------------------------------------------------- CUDA graph
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(cuda_graph_backend_prefill="breakable"),
+        dict(cuda_graph_config={"prefill": {"backend": "tc_piecewise"}}),
+    ],
+    ids=["--cuda-graph-backend-prefill", "--cuda-graph-config"],
+)
+def test_pinned_prefill_cuda_graph_rejected(model, overrides):
+    msg = reject(server_args, model("E4B"), attention_backend="triton", **overrides)
+    assert "prefill CUDA graph" in msg
+    assert "set explicitly" in msg
+    assert "--disable-prefill-cuda-graph" in msg
+
+
+def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(model, caplog):
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    # On CPU with triton, ServerArgs defaults the prefill graph on (tc_piecewise).
+    plain = server_args(
+        model("E4B"), attention_backend="triton", kv_sharing_fast_prefill=False
+    )
+    assert plain.cuda_graph_config.prefill.backend != Backend.DISABLED
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        args = server_args(model("E4B"), attention_backend="triton")
+    assert args.cuda_graph_config.prefill.backend == Backend.DISABLED
+    assert args.cuda_graph_config.decode == plain.cuda_graph_config.decode
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == HOOK_LOGGER and r.levelno == logging.WARNING
+    ]
+    assert len(warnings) == 1
+    assert "Disabling prefill CUDA graph" in warnings[0]
+    assert FLAG in warnings[0]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(disable_prefill_cuda_graph=True), dict(disable_cuda_graph=True)],
+    ids=["--disable-prefill-cuda-graph", "--disable-cuda-graph"],
+)
+def test_disabled_prefill_cuda_graph_accepted_quietly(model, caplog, overrides):
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        args = server_args(model("E4B"), attention_backend="triton", **overrides)
+    assert args.cuda_graph_config.prefill.backend == Backend.DISABLED
+    assert not [
+        r
+        for r in caplog.records
+        if r.name == HOOK_LOGGER and r.levelno >= logging.WARNING
+    ]
