@@ -74,10 +74,22 @@ def run(model_dir, yoco, prompts, mixes, max_new):
 
 
 def top5_diff(a, b):
+    """Largest first-token logprob difference over the tokens both top-5s hold."""
     da = {t: lp for lp, t in a}
     db = {t: lp for lp, t in b}
     common = set(da) & set(db)
-    return max(abs(da[t] - db[t]) for t in common) if common else float("inf")
+    return max(abs(da[t] - db[t]) for t in common) if common else None
+
+
+def diff_stats(xs, ys):
+    d = [top5_diff(x["top5"], y["top5"]) for x, y in zip(xs, ys)]
+    ok = sorted(v for v in d if v is not None)
+    return {
+        "max": ok[-1] if ok else None,
+        "median": ok[len(ok) // 2] if ok else None,
+        "first_token_differs": sum(x["ids"][:1] != y["ids"][:1] for x, y in zip(xs, ys)),
+        "no_common_top5": sum(v is None for v in d),
+    }
 
 
 def main():
@@ -95,8 +107,8 @@ def main():
     (on_a,) = run(model, True, prompts, [mix_a], a.max_new)
     same = sum(x["ids"] == y["ids"] for x, y in zip(off_a, on_a))
     same_off = sum(x["ids"] == y["ids"] for x, y in zip(off_a, off_b))
-    d_on = max(top5_diff(x["top5"], y["top5"]) for x, y in zip(off_a, on_a))
-    d_off = max(top5_diff(x["top5"], y["top5"]) for x, y in zip(off_a, off_b))
+    d_on = diff_stats(off_a, on_a)
+    d_off = diff_stats(off_a, off_b)
     distinct = len({t for r in off_a for t in r["ids"]})
     summary = {
         "variant": a.variant,
@@ -105,8 +117,8 @@ def main():
         "prompt_len_max": max(map(len, prompts)),
         "identical_on_vs_off": same,
         "identical_off_vs_off_other_mix": same_off,
-        "max_first_token_top5_logprob_diff_on_vs_off": d_on,
-        "max_first_token_top5_logprob_diff_off_vs_off_other_mix": d_off,
+        "first_token_logprob_diff_on_vs_off": d_on,
+        "first_token_logprob_diff_off_vs_off_other_mix": d_off,
         "distinct_output_tokens": distinct,
         "mismatched_prompt_lengths": [len(p) for p, x, y in zip(prompts, off_a, on_a) if x["ids"] != y["ids"]],
     }

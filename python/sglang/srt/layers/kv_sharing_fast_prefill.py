@@ -251,7 +251,8 @@ def _scratch_buffers(backend) -> dict:
     scratch = getattr(backend, "_kv_sharing_fast_prefill_scratch", None)
     if scratch is None:
         scratch = {
-            name: torch.empty_like(buf)
+            # zeros: the backends never write element 0 of an indptr buffer.
+            name: torch.zeros_like(buf)
             for name in _PERSISTENT_BUFFERS
             if isinstance(buf := getattr(backend, name, None), torch.Tensor)
         }
