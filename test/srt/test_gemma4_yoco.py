@@ -1,0 +1,447 @@
+"""YOCO fast prefill (--kv-sharing-fast-prefill) for Gemma-4, on CPU.
+
+Unit tests: when the fast path may run, which rows it runs on, and the back-half
+attention metadata (triton and torch_native) with an exact restore. End to end:
+the fork's engine with YOCO on matches Hugging Face transformers and YOCO off.
+"""
+
+import random
+import re
+import types
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang.srt.layers import kv_sharing_fast_prefill as yoco
+from sglang.srt.layers.attention import triton_backend
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+
+FIRST_SHARED = 4  # tiny model: 8 layers, 4 KV-shared
+
+
+def make_batch(extend_lens, prefix_lens=None, orig_extra=None, mode=ForwardMode.EXTEND):
+    """A real ForwardBatch for a prefill of `extend_lens` new tokens per request.
+    orig_extra[i] > 0 marks request i as an unfinished chunk (more prompt left)."""
+    bs = len(extend_lens)
+    prefix_lens = prefix_lens or [0] * bs
+    orig_extra = orig_extra or [0] * bs
+    seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    n = sum(extend_lens)
+    fb = ForwardBatch(
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=torch.arange(100, 100 + n),
+        req_pool_indices=torch.arange(bs) + 1,
+        seq_lens=torch.tensor(seq),
+        out_cache_loc=torch.arange(1000, 1000 + n),
+        seq_lens_sum=sum(seq),
+    )
+    fb.seq_lens_cpu = torch.tensor(seq)
+    fb.orig_seq_lens = torch.tensor([s + x for s, x in zip(seq, orig_extra)])
+    fb.extend_seq_lens_cpu = list(extend_lens)
+    fb.extend_prefix_lens_cpu = list(prefix_lens)
+    fb.extend_seq_lens = torch.tensor(extend_lens)
+    fb.extend_prefix_lens = torch.tensor(prefix_lens)
+    fb.extend_start_loc = torch.cumsum(torch.tensor([0] + extend_lens[:-1]), 0)
+    fb.extend_num_tokens = n
+    fb.positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix_lens, seq)])
+    fb.capture_hidden_mode = CaptureHiddenMode.NULL
+    return fb
+
+
+def reason(fb, layers_to_capture=(), pp_size=1, first=FIRST_SHARED):
+    return yoco.fast_prefill_skip_reason(fb, first, layers_to_capture, pp_size)
+
+
+# ---------------------------------------------------------------- predicate
+
+
+def test_fires_for_a_plain_prefill():
+    assert reason(make_batch([5, 9, 1])) is None
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ForwardMode.DECODE,
+        ForwardMode.MIXED,
+        ForwardMode.IDLE,
+        ForwardMode.TARGET_VERIFY,
+        ForwardMode.DRAFT_EXTEND_V2,
+        ForwardMode.PREBUILT,
+        ForwardMode.SPLIT_PREFILL,
+        ForwardMode.DLLM_EXTEND,
+    ],
+)
+def test_only_plain_extend_fires(mode):
+    assert reason(make_batch([5, 9], mode=mode)) == f"forward mode {mode.name}"
+
+
+def test_no_saving_when_every_request_has_one_new_token():
+    assert reason(make_batch([1, 1, 1])) == "no request has more than one new token"
+
+
+def test_input_logprobs_need_every_token():
+    fb = make_batch([5, 9])
+    fb.return_logprob = True
+    fb.extend_logprob_start_lens_cpu = [5, 9]  # output logprobs only
+    assert reason(fb) is None
+    fb.extend_logprob_start_lens_cpu = [5, 3]  # request 2 wants input logprobs
+    assert reason(fb) == "input-token logprobs requested"
+
+
+def test_full_hidden_capture_needs_every_token():
+    fb = make_batch([5, 9])
+    fb.capture_hidden_mode = CaptureHiddenMode.LAST
+    assert reason(fb) is None
+    fb.capture_hidden_mode = CaptureHiddenMode.FULL
+    assert reason(fb) == "full hidden-state capture"
+
+
+def test_layer_capture_inside_the_back_half_needs_every_token():
+    fb = make_batch([5, 9])
+    assert reason(fb, layers_to_capture=[2, FIRST_SHARED]) is None
+    assert reason(fb, layers_to_capture=[2, FIRST_SHARED + 1]) == (
+        "hidden-state capture inside the KV-shared layers"
+    )
+
+
+def test_pooled_multi_item_and_pp_need_every_token():
+    fb = make_batch([5, 9])
+    fb.return_pooled_hidden_states = True
+    assert reason(fb) == "pooled/embedding output"
+    fb = make_batch([5, 9])
+    fb.multi_item_delimiter_indices = [torch.tensor([2])]
+    assert reason(fb) == "multi-item scoring"
+    assert reason(make_batch([5, 9]), pp_size=2) == "pipeline parallelism"
+
+
+def test_model_without_kv_shared_layers_never_fires():
+    cfg = types.SimpleNamespace(num_hidden_layers=60, num_kv_shared_layers=0)
+    assert yoco.first_kv_shared_layer(cfg) is None
+    assert reason(make_batch([5, 9]), first=None) == "model has no KV-shared layers"
+    cfg = types.SimpleNamespace(num_hidden_layers=42, num_kv_shared_layers=18)
+    assert yoco.first_kv_shared_layer(cfg) == 24
+
+
+# ---------------------------------------------------------------- gather
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(0, 30), st.booleans()),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_gather_rows_are_last_tokens_of_finishing_requests(reqs):
+    ext = [e for e, _, _ in reqs]
+    pre = [p for _, p, _ in reqs]
+    chunked = [c for _, _, c in reqs]
+    fb = make_batch(ext, pre, [7 if c else 0 for c in chunked])
+    keep = [i for i, c in enumerate(chunked) if not c]
+    assert yoco._finishing_requests(fb) == keep
+    # extend_start_loc + extend_seq_lens - 1, computed independently on tensors
+    last = (fb.extend_start_loc + fb.extend_seq_lens - 1).tolist()
+    assert yoco.last_token_rows(ext, keep) == [last[i] for i in keep]
+
+
+def test_plan_builds_a_decode_shaped_back_half_batch(monkeypatch):
+    backend = make_torch_native_backend()
+    monkeypatch.setattr(yoco, "get_attn_backend", lambda: backend)
+    # request 1 is an unfinished chunk; request 2 has a single new token
+    fb = make_batch([4, 6, 1, 3], prefix_lens=[0, 2, 9, 5], orig_extra=[0, 5, 0, 0])
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    assert plan.num_reqs == 3
+    assert plan.req_index.tolist() == [0, 2, 3]
+    assert plan.token_index.tolist() == [3, 10, 13]
+    b = plan.batch
+    assert b.forward_mode == ForwardMode.DECODE and b.batch_size == 3
+    assert b.seq_lens.tolist() == [4, 10, 8] == plan.seq_lens_cpu
+    assert b.seq_lens_sum == 22
+    assert b.req_pool_indices.tolist() == [1, 3, 4]
+    assert b.positions.tolist() == [3, 9, 7]  # position of each last token
+    assert b.out_cache_loc.tolist() == [1003, 1010, 1013]
+    assert b.input_ids.tolist() == [103, 110, 113]
+    assert b.extend_seq_lens is None and b.spec_info is None
+    # the pass's own batch is untouched
+    assert fb.forward_mode == ForwardMode.EXTEND and fb.batch_size == 4
+
+
+def test_plan_with_only_an_unfinished_chunk_runs_no_back_half(monkeypatch):
+    backend = make_torch_native_backend()
+    monkeypatch.setattr(yoco, "get_attn_backend", lambda: backend)
+    plan = yoco.plan_fast_prefill(make_batch([64], orig_extra=[100]), FIRST_SHARED)
+    assert plan.num_reqs == 0 and plan.batch is None
+    h = torch.randn(64, 8)
+    assert yoco.run_back_half([], plan, 8, None, h, None, None) is h
+
+
+# ---------------------------------------------------------------- metadata
+
+
+class FakeSWAPool:
+    """Full-pool slot -> SWA-pool slot translation, as SWAKVPool does it."""
+
+    def __init__(self, size, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.full_to_swa_index_mapping = torch.randperm(size, generator=g)
+        self.layers_mapping = {0: (0, True), 1: (0, False)}
+
+    def translate_loc_from_full_to_swa(self, loc):
+        return self.full_to_swa_index_mapping[loc]
+
+
+class _TorchKernel:
+    """create_flashinfer_kv_indices_triton, in torch, for CPU tests."""
+
+    def __getitem__(self, grid):
+        def run(req_to_token, req_pool_indices, lens, kv_indptr, kv_start, kv_indices, stride):
+            for i in range(grid[0]):
+                start = int(kv_start[i]) if kv_start is not None else 0
+                n = int(lens[i])
+                off = int(kv_indptr[i])
+                row = req_to_token[int(req_pool_indices[i])]
+                kv_indices[off : off + n] = row[start : start + n]
+
+        return run
+
+
+def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
+    be = object.__new__(triton_backend.TritonAttnBackend)
+    g = torch.Generator().manual_seed(1)
+    be.sliding_window_size = window
+    be.req_to_token = torch.randint(1, pool, (max_bs + 1, ctx), generator=g)
+    be.token_to_kv_pool = FakeSWAPool(pool)
+    be.use_sliding_window_kv_pool = True
+    be.dcp_size = 1
+    be._translate_kv_loc = None
+    be.device = "cpu"
+    be.num_head, be.v_head_dim, be.swa_v_head_dim = 2, 4, None
+    be.max_kv_splits, be.static_kv_splits, be.enable_deterministic = 4, True, False
+    be.device_core_count = 1
+    for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
+        setattr(be, name, torch.zeros(max_bs + 1, dtype=torch.int32))
+    be.forward_metadata = None
+    return be
+
+
+def make_torch_native_backend(pool=4096):
+    be = object.__new__(TorchNativeAttnBackend)
+    be.token_to_kv_pool = FakeSWAPool(pool)
+    be.use_sliding_window_kv_pool = True
+    be.forward_metadata = None
+    be.swa_out_cache_loc = None
+    return be
+
+
+def backend_state(be):
+    return {
+        k: (v.clone() if isinstance(v, torch.Tensor) else v)
+        for k, v in vars(be).items()
+        if k != "_kv_sharing_fast_prefill_scratch"
+    }
+
+
+def assert_same_state(be, before):
+    after = backend_state(be)
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(after[k], v), k
+        else:
+            assert after[k] is v, k
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    window=st.sampled_from([3, 15, 63, 400]),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6
+    ),
+)
+def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
+    be = make_triton_backend(window)
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    ext = [e for e, _ in reqs]
+    pre = [p for _, p in reqs]
+    fb = make_batch(ext, pre)
+    # The pass's own (front-half) metadata lives in the persistent buffers.
+    be.kv_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(pre), 0)
+    be.qo_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(ext), 0)
+    be.forward_metadata = object()
+    before = backend_state(be)
+
+    back = yoco.make_back_half_batch(fb, _plan_all(fb))
+    attrs = yoco.build_back_half_metadata(be, back)
+    assert_same_state(be, before)  # building touched nothing of the pass's
+    meta = attrs["forward_metadata"]
+
+    seq = [p + e for p, e in zip(pre, ext)]
+    rows = [be.req_to_token[i + 1] for i in range(len(seq))]
+    # full-attention layers: every key of the sequence, as a decode step reads it
+    assert meta.kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(seq), 0).tolist()
+    assert torch.equal(meta.kv_indices, torch.cat([r[:s] for r, s in zip(rows, seq)]))
+    # sliding layers: the extend pass's window, W + 1 keys ending at the token
+    w = [min(s, window + 1) for s in seq]
+    assert meta.window_kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(w), 0).tolist()
+    expect = torch.cat([r[s - k : s] for r, s, k in zip(rows, seq, w)])
+    assert torch.equal(meta.window_kv_indices, be.token_to_kv_pool.translate_loc_from_full_to_swa(expect))
+    # the swapped-in metadata is swapped out again, exactly
+    with yoco.back_half_attention(be, attrs):
+        assert be.forward_metadata is meta
+    assert_same_state(be, before)
+
+
+def test_triton_metadata_restored_when_the_back_half_raises():
+    be = make_triton_backend(15)
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    fb = make_batch([9, 30])
+    be.forward_metadata = object()
+    before = backend_state(be)
+    attrs = yoco.build_back_half_metadata(be, yoco.make_back_half_batch(fb, _plan_all(fb)))
+    with pytest.raises(RuntimeError):
+        with yoco.back_half_attention(be, attrs):
+            raise RuntimeError("layer failed")
+    assert_same_state(be, before)
+
+
+def test_torch_native_back_half_metadata_and_restore():
+    be = make_torch_native_backend()
+    fb = make_batch([9, 30, 2])
+    be.swa_out_cache_loc = be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc)
+    before = backend_state(be)
+    back = yoco.make_back_half_batch(fb, _plan_all(fb))
+    attrs = yoco.build_back_half_metadata(be, back)
+    assert_same_state(be, before)
+    assert torch.equal(
+        attrs["swa_out_cache_loc"],
+        be.token_to_kv_pool.translate_loc_from_full_to_swa(back.out_cache_loc),
+    )
+    with yoco.back_half_attention(be, attrs):
+        assert be.swa_out_cache_loc is attrs["swa_out_cache_loc"]
+    assert_same_state(be, before)
+
+
+def _plan_all(fb):
+    reqs = list(range(fb.batch_size))
+    rows = yoco.last_token_rows(fb.extend_seq_lens_cpu, reqs)
+    return yoco.FastPrefillPlan(
+        first_shared_layer=FIRST_SHARED,
+        token_index=torch.tensor(rows),
+        req_index=torch.tensor(reqs),
+        num_reqs=len(reqs),
+        seq_lens_cpu=fb.seq_lens_cpu.tolist(),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _restore_triton_kernel():
+    kernel = triton_backend.create_flashinfer_kv_indices_triton
+    yield
+    triton_backend.create_flashinfer_kv_indices_triton = kernel
+
+
+# ---------------------------------------------------------------- end to end
+
+MAX_NEW = 5
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tiny_gemma4 import make_tiny_gemma4
+
+    return make_tiny_gemma4(str(tmp_path_factory.mktemp("tiny_gemma4_yoco")), seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from cpu_engine import HFReference
+
+    return HFReference(model_dir)
+
+
+def _prompts(seed, n):
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, 512) for _ in range(48)]
+    out = []
+    for i in range(n):
+        tail = [rng.randrange(3, 512) for _ in range(rng.choice([1, 2, 7, 20, 45, 90]))]
+        out.append(shared + tail if i % 3 == 0 else tail)
+    return out
+
+
+def _check(got, ref, prompt):
+    toks, lps = got
+    assert toks == ref[0], f"tokens differ for a prompt of {len(prompt)} tokens"
+    assert max(abs(a - b) for a, b in zip(lps, ref[1])) <= 1e-4
+
+
+def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd):
+    """Batch mixes, prefix hits, 1-token prompts next to long ones, chunked
+    prefill (chunk 64 < several prompts) and an input-logprob request mixed in:
+    YOCO on gives Hugging Face's tokens and logprobs; the log shows the back half
+    ran on last tokens only, dropped unfinished chunks, and fell back for the
+    input-logprob batch."""
+    from cpu_engine import decisive_prompts, engine_greedy, start_engine
+
+    ref = decisive_prompts(hf, _prompts(7, 18), MAX_NEW)
+    prompts = [list(p) for p in ref]
+    assert len(prompts) >= 14
+    eng = start_engine(
+        model_dir, kv_sharing_fast_prefill=True, chunked_prefill_size=64, log_level="debug"
+    )
+    try:
+        for p, got in zip(prompts, engine_greedy(eng, prompts, MAX_NEW)):
+            _check(got, ref[tuple(p)], p)
+        for group in (prompts[:5], prompts[5:6], prompts[6:]):
+            for p, got in zip(group, engine_greedy(eng, group, MAX_NEW)):
+                _check(got, ref[tuple(p)], p)
+        # input logprobs for one request: its batch takes the full computation
+        outs = eng.generate(
+            input_ids=prompts[1:3],
+            sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0.0},
+            return_logprob=True,
+            logprob_start_len=[0, -1],
+        )
+        for p, o in zip(prompts[1:3], outs):
+            lp = o["meta_info"]["output_token_logprobs"]
+            _check(([t for _, t, _ in lp], [v for v, _, _ in lp]), ref[tuple(p)], p)
+        assert len(outs[0]["meta_info"]["input_token_logprobs"]) == len(prompts[1])
+    finally:
+        eng.shutdown()
+    log = capfd.readouterr().err
+    fired = [tuple(map(int, m)) for m in re.findall(r"back half on (\d+) of (\d+) tokens", log)]
+    assert any(n > 1 and total > n for n, total in fired), "YOCO never fired"
+    assert any(n == 0 for n, _ in fired), "an unfinished chunk was not dropped"
+    assert "full pass (input-token logprobs requested)" in log
+
+
+def test_yoco_on_equals_off(model_dir):
+    """Same engine settings, YOCO on vs off, two batch mixes: same tokens and
+    logprobs (fp32, CPU)."""
+    from cpu_engine import engine_greedy, start_engine
+
+    prompts = _prompts(11, 12)
+    results = {}
+    for on in (False, True):
+        eng = start_engine(model_dir, kv_sharing_fast_prefill=on)
+        try:
+            results[on] = engine_greedy(eng, prompts, MAX_NEW)
+            eng.flush_cache()
+            results[on, "mix"] = [engine_greedy(eng, [p], MAX_NEW)[0] for p in prompts]
+        finally:
+            eng.shutdown()
+    for key in (True, (True, "mix")):
+        base = results[False if key is True else (False, "mix")]
+        for (t_on, lp_on), (t_off, lp_off) in zip(results[key], base):
+            assert t_on == t_off
+            assert max(abs(a - b) for a, b in zip(lp_on, lp_off)) <= 1e-4
