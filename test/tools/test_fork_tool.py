@@ -279,3 +279,29 @@ def test_cli_check_diffstat_upto(env, tmp_path, capsys):
     assert fork.main(["materialize", "--upto", "0002-bad.patch", str(tmp_path / "m")],
                      fork=env) == 0
     assert "line 22 patched" in (tmp_path / "m/python/sglang/srt/models/gemma.py").read_text()
+
+
+def test_real_series_exports_with_git_am_equal_to_materialize(tmp_path):
+    """The project's own series: `export` applied with `git am` onto pristine
+    0.5.17 gives exactly what `materialize` gives (uses the cached wheel that
+    `make install` downloaded)."""
+    real = fork.Fork()
+    mat, exp, pristine = tmp_path / "mat", tmp_path / "exp", tmp_path / "pristine"
+    fork.main(["materialize", str(mat)], fork=real)
+    fork.main(["export", str(exp)], fork=real)
+    wheel = next(real.cache_dir.glob("sglang-0.5.17-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        members = [m for m in z.namelist() if m.startswith("sglang/")]
+        z.extractall(pristine / "python", members)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(pristine)]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "sglang 0.5.17"], check=True)
+    patches = sorted(str(p) for p in exp.glob("*.patch"))
+    assert len(patches) >= 10
+    subprocess.run(git + ["am", "-q"] + patches, check=True)
+    diff = subprocess.run(
+        ["diff", "-r", "-q", "-x", ".git", str(pristine / "python"), str(mat / "python")],
+        capture_output=True, text=True,
+    )
+    assert diff.returncode == 0, diff.stdout
