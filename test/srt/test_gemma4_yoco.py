@@ -426,22 +426,25 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd):
 
 
 def test_yoco_on_equals_off(model_dir):
-    """Same engine settings, YOCO on vs off, two batch mixes: same tokens and
-    logprobs (fp32, CPU)."""
+    """Same engine settings, YOCO on vs off, three batch mixes (one batch of 160
+    requests, groups, one by one): same tokens and logprobs (fp32, CPU)."""
     from cpu_engine import engine_greedy, start_engine
 
     prompts = _prompts(11, 12)
+    rng = random.Random(5)
+    many = [[rng.randrange(3, 512) for _ in range(rng.randrange(1, 40))] for _ in range(160)]
     results = {}
     for on in (False, True):
-        eng = start_engine(model_dir, kv_sharing_fast_prefill=on)
+        eng = start_engine(model_dir, kv_sharing_fast_prefill=on, max_running_requests=256)
         try:
-            results[on] = engine_greedy(eng, prompts, MAX_NEW)
+            results[on, "batch"] = engine_greedy(eng, prompts, MAX_NEW)
             eng.flush_cache()
-            results[on, "mix"] = [engine_greedy(eng, [p], MAX_NEW)[0] for p in prompts]
+            results[on, "single"] = [engine_greedy(eng, [p], MAX_NEW)[0] for p in prompts]
+            eng.flush_cache()
+            results[on, "many"] = engine_greedy(eng, many, 2)
         finally:
             eng.shutdown()
-    for key in (True, (True, "mix")):
-        base = results[False if key is True else (False, "mix")]
-        for (t_on, lp_on), (t_off, lp_off) in zip(results[key], base):
-            assert t_on == t_off
-            assert max(abs(a - b) for a, b in zip(lp_on, lp_off)) <= 1e-4
+    for mix in ("batch", "single", "many"):
+        for (t_on, lp_on), (t_off, lp_off) in zip(results[True, mix], results[False, mix]):
+            assert t_on == t_off, mix
+            assert max(abs(a - b) for a, b in zip(lp_on, lp_off)) <= 1e-4, mix
