@@ -3,7 +3,8 @@
 
 Writes the checkpoint to build/demo-model, starts
 `python -m sglang.launch_server` on it, sends a few /generate requests
-(batched, with a shared prefix) and prints what came back.
+(batched, with a shared prefix served from the radix cache) with YOCO fast
+prefill on, and prints what came back. Extra arguments go to the server.
 """
 
 import json
@@ -35,7 +36,7 @@ def main():
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", model, "--device", "cpu", "--attention-backend", "torch_native",
         "--dtype", "float32", "--skip-tokenizer-init", "--max-total-tokens", "8192",
-        "--port", str(PORT), "--log-level", "warning",
+        "--port", str(PORT), "--log-level", "warning", "--kv-sharing-fast-prefill",
     ] + sys.argv[1:]
     print("$", " ".join(cmd), flush=True)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
@@ -53,6 +54,8 @@ def main():
             sys.exit("error: the server did not become healthy in 300 s")
         shared = list(range(10, 50))
         prompts = [shared + [7, 8, 9], shared + [100, 101], list(range(200, 230))]
+        # Warm the radix cache with the shared prefix, then send a batch.
+        post("/generate", {"input_ids": shared, "sampling_params": {"max_new_tokens": 1}})
         outs = post(
             "/generate",
             {
@@ -66,9 +69,8 @@ def main():
                 f"prompt {len(p):3d} tokens (cached {mi['cached_tokens']:2d}) "
                 f"-> {o['output_ids']}"
             )
-        info = post("/generate", {"input_ids": [prompts[0]], "sampling_params": {"max_new_tokens": 1}})
         print("server model:", json.loads(urllib.request.urlopen(URL + "/model_info").read())["model_path"])
-        del info
+        print("YOCO fast prefill (--kv-sharing-fast-prefill) was on for these prefills.")
     finally:
         server.terminate()
         server.wait(timeout=60)
