@@ -1,22 +1,90 @@
-"""Seeded dummy weights at the scale of a trained model.
+"""Seeded dummy weights that behave like a trained model's.
 
 `--load-format dummy` fills every weight uniformly in +-1e-3: activations vanish
 and every greedy token comes out the same, so output parity on such weights
 proves nothing. With SGLANG_DUMMY_WEIGHTS_AT_SCALE=1 the dummy loader draws
-matrices from N(0, 1/fan_in) (embeddings included), vectors (norm scales) near 1
-and per-layer scalars in [0.5, 1). The final norm is scaled up (N(6, 0.3)) so
-next-token distributions are as peaked as a trained model's: with near-flat
-logits, greedy picks are numerical ties and flip with batch composition alone.
-Outputs vary like a real model's, so benchmarks and parity checks exercise real
-numerics without downloading weights.
+matrices from N(0, 1/fan_in), vectors (norm scales) near 1, and the final norm
+so that logits have std ~6 (peaked next-token distributions).
+
+Scale alone makes a deep Gemma-4 chaotic: a bf16 rounding difference (another
+batch mix or GEMM shape) flips the greedy token, so greedy parity means nothing.
+A trained model is stable because each layer makes a small update to a residual
+stream that persists and grows with depth. For Gemma-4 (model_type gemma4*):
+  * layer_scalar = 1: a scalar < 1 in every layer erases the residual stream,
+    so each layer rewrites it;
+  * q_norm/k_norm scales head_dim**-0.25: Gemma-4 has no 1/sqrt(head_dim) in
+    attention, so this gives the usual unit-variance attention logits instead
+    of near-argmax attention;
+  * token embeddings (tied with lm_head) at RMS 0.25 of the post-norm branch
+    outputs, final norm x4 to keep the logit scale: otherwise the input token's
+    embedding dominates the final state and the model predicts its own input.
+benchmark/yoco_gemma4/chaos_probe.py measures this (.humanize/yoco-gemma4/
+chaos-probe.md). Each tensor is seeded by its name: stable across runs,
+processes and load order.
 """
 
 import zlib
 
 import torch
 
+_BRANCH_NORMS = (
+    "post_attention_layernorm.weight",
+    "post_feedforward_layernorm.weight",
+    "post_per_layer_input_norm.weight",
+)
+_QK_NORMS = ("q_norm.weight", "k_norm.weight")
 
-def initialize_scaled_dummy_weights(model: torch.nn.Module, seed: int = 1234) -> None:
+
+def _is_gemma4(model: torch.nn.Module) -> bool:
+    cfg = getattr(model, "config", None)
+    types = [getattr(cfg, "model_type", "")]
+    if cfg is not None and hasattr(cfg, "get_text_config"):
+        types.append(getattr(cfg.get_text_config(), "model_type", ""))
+    return any(str(t).startswith("gemma4") for t in types)
+
+
+def fill_scaled_dummy(
+    name: str,
+    tmp: torch.Tensor,
+    gen: torch.Generator,
+    *,
+    gemma4: bool = True,
+    logit_std: float = 6.0,
+    embed_rms: float = 0.25,
+    branch_norm: float = 1.0,
+    layer_scalar: tuple | None = None,
+    qk_unit: bool = True,
+) -> None:
+    """Fill fp32 `tmp` for the parameter called `name` (SGLang or HF naming).
+
+    The keyword knobs exist for benchmark/yoco_gemma4/chaos_probe.py; the
+    defaults are the init. layer_scalar None means 1, (lo, hi) uniform.
+    """
+    embed = gemma4 and name.endswith(("embed_tokens.weight", "lm_head.weight"))
+    if name.endswith("model.norm.weight"):
+        g = logit_std / (embed_rms if gemma4 else 1.0)
+        tmp.normal_(g, 0.05 * g, generator=gen)
+    elif name.endswith("layer_scalar"):
+        if layer_scalar is None:
+            tmp.fill_(1.0)
+        else:
+            tmp.uniform_(layer_scalar[0], layer_scalar[1], generator=gen)
+    elif tmp.dim() >= 2:
+        std = tmp.shape[-1] ** -0.5
+        tmp.normal_(0.0, std * embed_rms if embed else std, generator=gen)
+    elif gemma4 and name.endswith(_BRANCH_NORMS):
+        tmp.normal_(branch_norm, 0.1 * branch_norm, generator=gen)
+    elif gemma4 and qk_unit and name.endswith(_QK_NORMS):
+        g = tmp.shape[0] ** -0.25
+        tmp.normal_(g, 0.1 * g, generator=gen)
+    else:
+        tmp.normal_(1.0, 0.1, generator=gen)
+
+
+def initialize_scaled_dummy_weights(
+    model: torch.nn.Module, seed: int = 1234, **knobs
+) -> None:
+    knobs.setdefault("gemma4", _is_gemma4(model))
     for name, param in model.state_dict().items():
         if not torch.is_floating_point(param):
             continue
@@ -24,12 +92,5 @@ def initialize_scaled_dummy_weights(model: torch.nn.Module, seed: int = 1234) ->
         gen = torch.Generator(device=param.device)
         gen.manual_seed(seed + zlib.crc32(name.encode()))
         tmp = torch.empty(param.shape, dtype=torch.float32, device=param.device)
-        if name.endswith("model.norm.weight"):
-            tmp.normal_(6.0, 0.3, generator=gen)
-        elif name.endswith("layer_scalar"):
-            tmp.uniform_(0.5, 1.0, generator=gen)
-        elif param.dim() >= 2:
-            tmp.normal_(0.0, param.shape[-1] ** -0.5, generator=gen)
-        else:
-            tmp.normal_(1.0, 0.1, generator=gen)
+        fill_scaled_dummy(name, tmp, gen, **knobs)
         param.data.copy_(tmp.to(param.dtype))
