@@ -407,10 +407,11 @@ def test_triton_accepted(model):
     assert args._resolved_attention_backends() == ("triton", "triton")
 
 
-def test_trtllm_mha_accepted(e4b_resolved):
+def test_trtllm_mha_rejected_until_the_model_branch_supports_it(e4b_resolved):
     # trtllm_mha needs a Blackwell GPU to get through ServerArgs.
-    args = run_hook(e4b_resolved, device="cuda", attention_backend="trtllm_mha")
-    assert args._resolved_attention_backends() == ("trtllm_mha", "trtllm_mha")
+    msg = reject(run_hook, e4b_resolved, device="cuda", attention_backend="trtllm_mha")
+    assert "prefill attention backend 'trtllm_mha'" in msg
+    assert "supported: triton)" in msg
 
 
 @pytest.mark.parametrize("backend", ["flashinfer", "fa3", "intel_xpu"])

@@ -41,8 +41,11 @@ GEMMA4_ARCHITECTURES = (
 # FROZEN_KV_MTP (Gemma-4 assistant draft) or EAGLE before this hook runs.
 ALLOWED_SPECULATIVE_ALGORITHMS = (None, "FROZEN_KV_MTP", "NEXTN", "NGRAM")
 
-# Attention backends whose prefill path the KV-sharing fast prefill supports.
-ALLOWED_ATTENTION_BACKENDS = ("triton", "trtllm_mha")
+# Attention backends whose back-half metadata the fast prefill builds
+# (layers/kv_sharing_fast_prefill.py). trtllm_mha is not among them yet: its
+# metadata transform is unwritten, and running it unchecked could reuse the
+# pass's own buffers. Add it here in the change that implements and tests it.
+ALLOWED_ATTENTION_BACKENDS = ("triton",)
 ALLOWED_CPU_ATTENTION_BACKENDS = ("torch_native",)
 
 
