@@ -1,0 +1,226 @@
+"""YOCO off vs on, side by side, in one run: prefill microbenchmark + served benchmark.
+
+    python benchmark/yoco_gemma4/run.py OUTDIR [--variant e4b] [--quick]
+        [--skip-prefill] [--skip-serving] [--tp 1]
+    python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
+
+1. Prefill (engine level, prefill_bench.py): lengths 64 .. 32k at batch 1 and 8, YOCO
+   off, on, and the ceiling (the model cut to its first KV-shared layer, no sharing).
+2. Served (`python -m sglang.benchmark.serving`, random ids at fixed lengths, seed 0):
+   summ 8000 in / 1000 out and chat 1000 / 1000, 80 prompts each, then a concurrency
+   sweep (1, 8, 32, 80) on chat. One server per mode on the same GPU; output tok/s,
+   median / p99 TTFT, median TPOT.
+Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
+OUTDIR/speedup.png and OUTDIR/ttft.png. Progress lines go to stdout.
+Checkpoints: make_checkpoint.py (real config, synthetic tokenizer), weights from
+`--load-format dummy` with SGLANG_DUMMY_WEIGHTS_AT_SCALE=1.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from checkpoints import engine_kwargs, text_config  # noqa: E402
+from make_checkpoint import make_checkpoint  # noqa: E402
+
+PREFILL_POINTS = [(L, n) for L in (64, 256, 1024, 2048, 4096, 8000, 16000, 32000) for n in (1, 8)]
+WORKLOADS = [("summ", 8000, 1000, 80, None), ("chat", 1000, 1000, 80, None)]
+CONCURRENCY = (1, 8, 32, 80)
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------ prefill
+
+
+def run_prefill(out, variant, quick, tp):
+    from prefill_bench import sweep
+
+    points = [(256, 8), (1024, 8), (8000, 8)] if quick else PREFILL_POINTS
+    full = make_checkpoint(f"{out}/ckpt-{variant}", variant)
+    ceiling = make_checkpoint(f"{out}/ckpt-{variant}-front24", f"{variant}-front24") if variant == "e4b" else None
+    vocab = text_config(variant)["vocab_size"]
+    res = []
+    for mode, path in (("off", full), ("on", full), ("ceiling", ceiling)):
+        if path is None:
+            continue
+        log(f"prefill: mode {mode}, {len(points)} points")
+        res += sweep(mode, path, points, 1 if quick else 3, tp, vocab)
+    return res
+
+
+# ------------------------------------------------------------------ serving
+
+
+def _server_cmd(model, port, yoco, tp):
+    """The engine settings of the prefill benchmark, as server flags."""
+    kw = engine_kwargs(skip_tokenizer_init=False, tp_size=tp, log_level="warning")
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port)]
+    for k, v in kw.items():
+        if v is False or v is None:
+            continue
+        cmd.append("--" + k.replace("_", "-"))
+        if v is not True:
+            cmd.append(str(v))
+    return cmd + (["--kv-sharing-fast-prefill"] if yoco else [])
+
+
+def _wait_healthy(port, proc, timeout=900):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return
+        except Exception:
+            time.sleep(2)
+    raise RuntimeError("server did not become healthy")
+
+
+def _bench(model, port, name, inp, outp, prompts, conc, jsonl):
+    cmd = [
+        sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
+        "--host", "127.0.0.1", "--port", str(port), "--model", model, "--tokenizer", model,
+        "--dataset-name", "random-ids", "--random-input-len", str(inp),
+        "--random-output-len", str(outp), "--random-range-ratio", "1.0",
+        "--num-prompts", str(prompts), "--seed", "0", "--output-file", jsonl,
+    ] + (["--max-concurrency", str(conc)] if conc else [])
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(jsonl) as f:
+        m = json.loads(f.readlines()[-1])
+    keep = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_ttft_ms")
+    return {"workload": name, "input_len": inp, "output_len": outp, "num_prompts": prompts,
+            "max_concurrency": conc, **{k: m.get(k) for k in keep}}
+
+
+def run_serving(out, variant, quick, tp):
+    model = make_checkpoint(f"{out}/ckpt-{variant}", variant)
+    env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
+    workloads = list(WORKLOADS)
+    for c in CONCURRENCY:
+        workloads.append((f"chat-c{c}", 1000, 1000, min(80, max(8, 4 * c)), c))
+    if quick:
+        workloads = [("summ", 8000, 200, 16, None), ("chat", 1000, 200, 16, None)]
+    res = []
+    for mode in ("off", "on"):
+        port = 30000 + (mode == "on")
+        log(f"serving: starting server, YOCO {mode}")
+        proc = subprocess.Popen(_server_cmd(model, port, mode == "on", tp), env=env)
+        try:
+            _wait_healthy(port, proc)
+            for name, inp, outp, n, conc in workloads:
+                log(f"serving: YOCO {mode}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
+                r = _bench(model, port, name, inp, outp, n, conc, f"{out}/serving_{mode}.jsonl")
+                r["mode"] = mode
+                log("  " + json.dumps(r))
+                res.append(r)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+    return res
+
+
+# ------------------------------------------------------------------ report
+
+
+def report(out):
+    with open(f"{out}/results.json") as f:
+        data = json.load(f)
+    lines = [f"# YOCO off vs on ({data['variant']}, one run)", ""]
+    pre = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in data.get("prefill", [])}
+    if pre:
+        lines += ["| input x batch | off (ms) | on (ms) | ceiling (ms) | speed-up | ceiling | share |",
+                  "|---|---|---|---|---|---|---|"]
+        for L, n in sorted({(k[1], k[2]) for k in pre}):
+            off, on, ce = pre.get(("off", L, n)), pre.get(("on", L, n)), pre.get(("ceiling", L, n))
+            sp = off / on if off and on else None
+            cs = off / ce if off and ce else None
+            fmt = lambda v, k=1e3: f"{v * k:.1f}" if v else "-"
+            lines.append(f"| {L} x {n} | {fmt(off)} | {fmt(on)} | {fmt(ce)} | "
+                         f"{f'{sp:.2f}x' if sp else '-'} | {f'{cs:.2f}x' if cs else '-'} | "
+                         f"{f'{sp / cs:.0%}' if sp and cs else '-'} |")
+        lines.append("")
+    srv = data.get("serving", [])
+    if srv:
+        lines += ["| workload | metric | off | on | change |", "|---|---|---|---|---|"]
+        by = {(r["mode"], r["workload"]): r for r in srv}
+        for w in dict.fromkeys(r["workload"] for r in srv):
+            for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms"):
+                a, b = by.get(("off", w), {}).get(k), by.get(("on", w), {}).get(k)
+                ch = f"{(b / a - 1):+.1%}" if a and b else "-"
+                lines.append(f"| {w} | {k} | {a:.1f} | {b:.1f} | {ch} |" if a and b else f"| {w} | {k} | {a} | {b} | - |")
+    with open(f"{out}/results.md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    _plots(out, pre, srv)
+
+
+def _plots(out, pre, srv):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib not installed: no plots (run --report-only where it is)")
+        return
+    if pre:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for n in sorted({k[2] for k in pre}):
+            Ls = sorted(L for (m, L, b) in pre if m == "on" and b == n)
+            ax.plot(Ls, [pre[("off", L, n)] / pre[("on", L, n)] for L in Ls], "o-", label=f"YOCO, batch {n}")
+            if all(("ceiling", L, n) in pre for L in Ls):
+                ax.plot(Ls, [pre[("off", L, n)] / pre[("ceiling", L, n)] for L in Ls], "--", label=f"ceiling, batch {n}")
+        ax.set_xscale("log")
+        ax.set_xlabel("input tokens")
+        ax.set_ylabel("prefill speed-up (off / on)")
+        ax.axhline(1.0, color="gray", lw=0.5)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(f"{out}/speedup.png", dpi=120)
+    if srv:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ws = list(dict.fromkeys(r["workload"] for r in srv))
+        for i, mode in enumerate(("off", "on")):
+            vals = [next((r["median_ttft_ms"] for r in srv if r["mode"] == mode and r["workload"] == w), 0) for w in ws]
+            ax.bar([j + 0.4 * i for j in range(len(ws))], vals, width=0.4, label=f"YOCO {mode}")
+        ax.set_xticks([j + 0.2 for j in range(len(ws))], ws, rotation=30)
+        ax.set_ylabel("median TTFT (ms)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(f"{out}/ttft.png", dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--variant", default="e4b")
+    ap.add_argument("--quick", action="store_true", help="a few points / prompts, for a smoke run")
+    ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--skip-serving", action="store_true")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--tp", type=int, default=1)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    if not a.report_only:
+        data = {"variant": a.variant, "tp": a.tp, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if not a.skip_prefill:
+            data["prefill"] = run_prefill(a.out, a.variant, a.quick, a.tp)
+        if not a.skip_serving:
+            data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp)
+        with open(f"{a.out}/results.json", "w") as f:
+            json.dump(data, f, indent=1)
+    report(a.out)
+
+
+if __name__ == "__main__":
+    main()
