@@ -182,7 +182,7 @@ def test_plan_with_only_an_unfinished_chunk_runs_no_back_half(monkeypatch):
     plan = yoco.plan_fast_prefill(make_batch([64], orig_extra=[100]), FIRST_SHARED)
     assert plan.num_reqs == 0 and plan.batch is None
     h = torch.randn(64, 8)
-    assert yoco.run_back_half([], plan, 8, None, h, None, None) is h
+    assert yoco.run_back_half([], plan, 8, h, None) is h
 
 
 # ---------------------------------------------------------------- metadata

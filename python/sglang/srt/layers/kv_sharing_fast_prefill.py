@@ -296,15 +296,14 @@ def run_back_half(
     layers,
     plan: FastPrefillPlan,
     end_layer: int,
-    positions: torch.Tensor,
     hidden_states: torch.Tensor,
     per_layer_inputs: Optional[torch.Tensor],
-    forward_batch: ForwardBatch,
     **kwargs,
 ) -> torch.Tensor:
-    """Run layers [first_shared_layer, end_layer) on the planned rows only and
-    return ``hidden_states`` with those rows replaced (out of place: the input may
-    also be a captured aux hidden state)."""
+    """Run layers [first_shared_layer, end_layer) on the planned rows only, with
+    the plan's batch (positions, metadata), and return ``hidden_states`` with
+    those rows replaced (out of place: the input may also be a captured aux
+    hidden state)."""
     if plan.num_reqs == 0:
         return hidden_states
     rows = plan.token_index
