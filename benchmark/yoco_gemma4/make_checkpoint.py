@@ -31,6 +31,9 @@ SPECIAL_TOKENS = {
     "<start_of_turn>": 105,
     "<end_of_turn>": 106,
 }
+# Plain words with their own ids, so prompts such as MMLU's "A. ...\nAnswer:" and
+# the choice letters tokenize to distinct tokens (run_mmlu.py scores A/B/C/D).
+WORDS = {"A": 65, "B": 66, "C": 67, "D": 68, "Answer:": 69}
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<start_of_turn> "
     "{{ 'model' if m['role'] == 'assistant' else m['role'] }} {{ m['content'] }} "
@@ -46,7 +49,7 @@ def write_tokenizer(path: str, vocab_size: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {word(i): i for i in range(vocab_size)}
-    for tok, i in SPECIAL_TOKENS.items():
+    for tok, i in {**SPECIAL_TOKENS, **WORDS}.items():
         if i < vocab_size:
             del vocab[word(i)]
             vocab[tok] = i
