@@ -14,7 +14,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def text_config(variant: str) -> dict:
-    """'e4b', 'e2b', or 'e4b-front24' (first 24 layers, no KV sharing: the YOCO ceiling).
+    """'e4b', 'e2b', or '<model>-front' (its layers before the first KV-shared one, no
+    KV sharing: the YOCO ceiling; 'e4b-front24' is accepted as the old name).
     'tiny' is the CPU test model, for dry runs of these scripts."""
     if variant.startswith("tiny"):
         import sys
@@ -23,10 +24,11 @@ def text_config(variant: str) -> dict:
         from tiny_gemma4 import TINY_TEXT_CONFIG
 
         return dict(TINY_TEXT_CONFIG)
-    base = {"e4b": "gemma-4-E4B-it", "e2b": "gemma-4-E2B-it", "e4b-front24": "gemma-4-E4B-it"}[variant]
+    model = variant.split("-front")[0]
+    base = {"e4b": "gemma-4-E4B-it", "e2b": "gemma-4-E2B-it"}[model]
     with open(os.path.join(HERE, "configs", f"{base}.text_config.json")) as f:
         cfg = copy.deepcopy(json.load(f)["text_config"])
-    if variant.endswith("front24"):
+    if "-front" in variant:
         n = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
         cfg["num_hidden_layers"] = n
         cfg["layer_types"] = cfg["layer_types"][:n]
@@ -34,6 +36,11 @@ def text_config(variant: str) -> dict:
     cfg["architectures"] = ["Gemma4ForCausalLM"]
     cfg["torch_dtype"] = "bfloat16"
     return cfg
+
+
+def ceiling_variant(variant: str):
+    """The ceiling variant of a model that has KV-shared layers, else None."""
+    return f"{variant}-front" if variant in ("e4b", "e2b") else None
 
 
 def write_text_checkpoint(path: str, variant: str) -> str:

@@ -97,7 +97,7 @@ def make_checkpoint(path: str, variant: str) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--variant", default="e4b", choices=["e4b", "e2b", "e4b-front24", "tiny"])
+    ap.add_argument("--variant", default="e4b", choices=["e4b", "e2b", "e4b-front", "e2b-front", "tiny"])
     a = ap.parse_args()
     print(make_checkpoint(a.out, a.variant))
 

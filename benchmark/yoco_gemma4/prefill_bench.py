@@ -1,4 +1,4 @@
-"""Prefill microbenchmark: YOCO off vs on vs the front-24 ceiling, same GPU, one run.
+"""Prefill microbenchmark: YOCO off vs on vs the ceiling (front layers only), same GPU, one run.
 
     python prefill_bench.py OUT.json [--variant e4b] [--points 8000x8,1024x8,...]
 
@@ -15,7 +15,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checkpoints import engine_kwargs, text_config, write_text_checkpoint  # noqa: E402
+from checkpoints import ceiling_variant, engine_kwargs, text_config, write_text_checkpoint  # noqa: E402
 
 DEFAULT_POINTS = "64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1,2048x8,4096x1,4096x8,8000x1,8000x8,16000x1,16000x8,32000x1"
 
@@ -64,7 +64,8 @@ def main():
     points = [tuple(int(x) for x in p.split("x")) for p in a.points.split(",")]
     root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
     full = write_text_checkpoint(f"{root}/{a.variant}", a.variant)
-    ceiling = write_text_checkpoint(f"{root}/{a.variant}-front24", f"{a.variant}-front24") if a.variant == "e4b" else None
+    cv = ceiling_variant(a.variant)
+    ceiling = write_text_checkpoint(f"{root}/{cv}", cv) if cv else None
     results = []
     for mode in a.modes.split(","):
         if mode == "ceiling" and ceiling is None:

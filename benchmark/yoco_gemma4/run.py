@@ -26,7 +26,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from checkpoints import engine_kwargs, text_config  # noqa: E402
+from checkpoints import ceiling_variant, engine_kwargs, text_config  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
 
 PREFILL_POINTS = [(L, n) for L in (64, 256, 1024, 2048, 4096, 8000, 16000, 32000) for n in (1, 8)]
@@ -46,7 +46,8 @@ def run_prefill(out, variant, quick, tp):
 
     points = [(256, 8), (1024, 8), (8000, 8)] if quick else PREFILL_POINTS
     full = make_checkpoint(f"{out}/ckpt-{variant}", variant)
-    ceiling = make_checkpoint(f"{out}/ckpt-{variant}-front24", f"{variant}-front24") if variant == "e4b" else None
+    cv = ceiling_variant(variant)
+    ceiling = make_checkpoint(f"{out}/ckpt-{cv}", cv) if cv else None
     vocab = text_config(variant)["vocab_size"]
     res = []
     for mode, path in (("off", full), ("on", full), ("ceiling", ceiling)):
