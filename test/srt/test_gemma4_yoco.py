@@ -148,7 +148,7 @@ def test_gather_rows_are_last_tokens_of_finishing_requests(reqs):
     chunked = [c for _, _, c in reqs]
     fb = make_batch(ext, pre, [7 if c else 0 for c in chunked])
     keep = [i for i, c in enumerate(chunked) if not c]
-    assert yoco._finishing_requests(fb) == keep
+    assert yoco._finishing_requests(fb, fb.seq_lens_cpu.tolist()) == keep
     # extend_start_loc + extend_seq_lens - 1, computed independently on tensors
     last = (fb.extend_start_loc + fb.extend_seq_lens - 1).tolist()
     assert yoco.last_token_rows(ext, keep) == [last[i] for i in keep]

@@ -116,7 +116,7 @@ def fast_prefill_skip_reason(
     return None
 
 
-def _finishing_requests(forward_batch: ForwardBatch) -> List[int]:
+def _finishing_requests(forward_batch: ForwardBatch, seq_cpu: List[int]) -> List[int]:
     """Requests whose prefill ends in this pass (an unfinished chunk is dropped)."""
     bs = forward_batch.batch_size
     orig = forward_batch.orig_seq_lens
@@ -124,7 +124,6 @@ def _finishing_requests(forward_batch: ForwardBatch) -> List[int]:
         return list(range(bs))
     # One small device->host copy per prefill pass, before any layer is launched.
     orig_cpu = orig[:bs].tolist()
-    seq_cpu = _seq_lens_cpu(forward_batch)
     return [i for i in range(bs) if seq_cpu[i] >= orig_cpu[i]]
 
 
@@ -162,8 +161,8 @@ def plan_fast_prefill(
         if first_shared_layer is not None and forward_batch.forward_mode.is_extend():
             logger.debug("KV-sharing fast prefill: full pass (%s)", reason)
         return None
-    reqs = _finishing_requests(forward_batch)
     seq_cpu = _seq_lens_cpu(forward_batch)
+    reqs = _finishing_requests(forward_batch, seq_cpu)
     rows = last_token_rows(forward_batch.extend_seq_lens_cpu, reqs)
     device = forward_batch.seq_lens.device
     logger.debug(
@@ -264,10 +263,11 @@ def build_back_half_metadata(backend, fb: ForwardBatch) -> dict:
     """Run the backend's own init_forward_metadata for the back-half batch into
     scratch buffers; return the per-forward attributes it produced. The
     backend is left exactly as it was (buffers untouched, attributes restored)."""
-    originals = {name: getattr(backend, name) for name in _scratch_buffers(backend)}
+    scratch = _scratch_buffers(backend)
+    originals = {name: getattr(backend, name) for name in scratch}
     saved = {n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)}
     try:
-        for name, buf in _scratch_buffers(backend).items():
+        for name, buf in scratch.items():
             setattr(backend, name, buf)
         backend.init_forward_metadata(fb)
         _match_extend_window(backend, fb)
