@@ -34,6 +34,24 @@ def decisive_prompts(hf, candidates, max_new_tokens, min_margin=1e-3):
     return kept
 
 
+LOGPROB_ATOL = 1e-4  # fp32 on CPU
+
+
+def greedy_of(output):
+    """(tokens, logprobs) of one generate() output."""
+    lp = output["meta_info"]["output_token_logprobs"]
+    return [t for _, t, _ in lp], [v for v, _, _ in lp]
+
+
+def assert_same_greedy(got, want, prompt, atol=LOGPROB_ATOL):
+    """Identical greedy tokens and per-token logprobs within `atol`."""
+    toks, lps = got
+    ref_toks, ref_lps = want
+    assert toks == ref_toks, f"greedy tokens differ for a prompt of {len(prompt)} tokens"
+    for a, b in zip(lps, ref_lps):
+        assert abs(a - b) <= atol, (len(prompt), lps, ref_lps)
+
+
 def engine_greedy(engine, prompts, max_new_tokens, **extra):
     """Greedy outputs [(token_ids, logprobs)] for prompts sent as one batch."""
     outs = engine.generate(
@@ -42,11 +60,7 @@ def engine_greedy(engine, prompts, max_new_tokens, **extra):
         return_logprob=True,
         **extra,
     )
-    res = []
-    for o in outs:
-        lp = o["meta_info"]["output_token_logprobs"]
-        res.append(([t for _, t, _ in lp], [v for v, _, _ in lp]))
-    return res
+    return [greedy_of(o) for o in outs]
 
 
 class HFReference:

@@ -10,11 +10,17 @@ import random
 
 import pytest
 
-from cpu_engine import HFReference, decisive_prompts, engine_greedy, start_engine
+from cpu_engine import (
+    HFReference,
+    assert_same_greedy,
+    decisive_prompts,
+    engine_greedy,
+    greedy_of,
+    start_engine,
+)
 from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
 
 MAX_NEW = 6
-LOGPROB_ATOL = 1e-4
 
 
 def _prompts():
@@ -57,14 +63,6 @@ def engine(model_dir):
     eng.shutdown()
 
 
-def _assert_matches(got, want, prompt):
-    toks, lps = got
-    ref_toks, ref_lps = want
-    assert toks == ref_toks, f"greedy tokens differ for prompt of {len(prompt)} tokens"
-    for a, b in zip(lps, ref_lps):
-        assert abs(a - b) <= LOGPROB_ATOL, (len(prompt), lps, ref_lps)
-
-
 def test_outputs_vary(reference):
     # Real-scale weights: greedy output must not collapse to one token.
     all_tokens = {t for toks, _ in reference.values() for t in toks}
@@ -74,13 +72,13 @@ def test_outputs_vary(reference):
 def test_one_by_one_matches_hf(engine, reference):
     for p in _prompts():
         (got,) = engine_greedy(engine, [p], MAX_NEW)
-        _assert_matches(got, reference[tuple(p)], p)
+        assert_same_greedy(got, reference[tuple(p)], p)
 
 
 def test_batched_matches_hf(engine, reference):
     prompts = _prompts()
     for p, got in zip(prompts, engine_greedy(engine, prompts, MAX_NEW)):
-        _assert_matches(got, reference[tuple(p)], p)
+        assert_same_greedy(got, reference[tuple(p)], p)
 
 
 def test_shared_prefix_hits_radix_cache(engine, reference):
@@ -93,10 +91,7 @@ def test_shared_prefix_hits_radix_cache(engine, reference):
         return_logprob=True,
     )
     assert outs[0]["meta_info"]["cached_tokens"] >= 40
-    lp = outs[0]["meta_info"]["output_token_logprobs"]
-    _assert_matches(
-        ([t for _, t, _ in lp], [v for v, _, _ in lp]), reference[tuple(shared_b)], shared_b
-    )
+    assert_same_greedy(greedy_of(outs[0]), reference[tuple(shared_b)], shared_b)
 
 
 def test_swa_pool_under_pressure_matches_hf(model_dir, hf):
@@ -115,7 +110,7 @@ def test_swa_pool_under_pressure_matches_hf(model_dir, hf):
             ref = decisive_prompts(hf, prompts, MAX_NEW)
             for p, got in zip(prompts, engine_greedy(eng, prompts, MAX_NEW)):
                 if tuple(p) in ref:
-                    _assert_matches(got, ref[tuple(p)], p)
+                    assert_same_greedy(got, ref[tuple(p)], p)
                     checked += 1
         assert checked >= 12
     finally:

@@ -379,19 +379,19 @@ def _prompts(seed, n):
     return out
 
 
-def _check(got, ref, prompt):
-    toks, lps = got
-    assert toks == ref[0], f"tokens differ for a prompt of {len(prompt)} tokens"
-    assert max(abs(a - b) for a, b in zip(lps, ref[1])) <= 1e-4
-
-
 def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd):
     """Batch mixes, prefix hits, 1-token prompts next to long ones, chunked
     prefill (chunk 64 < several prompts) and an input-logprob request mixed in:
     YOCO on gives Hugging Face's tokens and logprobs; the log shows the back half
     ran on last tokens only, dropped unfinished chunks, and fell back for the
     input-logprob batch."""
-    from cpu_engine import decisive_prompts, engine_greedy, start_engine
+    from cpu_engine import (
+        assert_same_greedy,
+        decisive_prompts,
+        engine_greedy,
+        greedy_of,
+        start_engine,
+    )
 
     ref = decisive_prompts(hf, _prompts(7, 18), MAX_NEW)
     prompts = [list(p) for p in ref]
@@ -401,10 +401,10 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd):
     )
     try:
         for p, got in zip(prompts, engine_greedy(eng, prompts, MAX_NEW)):
-            _check(got, ref[tuple(p)], p)
+            assert_same_greedy(got, ref[tuple(p)], p)
         for group in (prompts[:5], prompts[5:6], prompts[6:]):
             for p, got in zip(group, engine_greedy(eng, group, MAX_NEW)):
-                _check(got, ref[tuple(p)], p)
+                assert_same_greedy(got, ref[tuple(p)], p)
         # input logprobs for one request: its batch takes the full computation
         outs = eng.generate(
             input_ids=prompts[1:3],
@@ -413,8 +413,7 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd):
             logprob_start_len=[0, -1],
         )
         for p, o in zip(prompts[1:3], outs):
-            lp = o["meta_info"]["output_token_logprobs"]
-            _check(([t for _, t, _ in lp], [v for v, _, _ in lp]), ref[tuple(p)], p)
+            assert_same_greedy(greedy_of(o), ref[tuple(p)], p)
         assert len(outs[0]["meta_info"]["input_token_logprobs"]) == len(prompts[1])
     finally:
         eng.shutdown()
