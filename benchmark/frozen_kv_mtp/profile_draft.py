@@ -31,16 +31,12 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 YOCO = os.path.join(HERE, "..", "yoco_gemma4")
 sys.path.insert(0, YOCO)
-from checkpoints import engine_kwargs  # noqa: E402
+from checkpoints import engine_kwargs, mtp_kwargs, write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import SPECIAL_TOKENS, make_checkpoint, write_tokenizer  # noqa: E402
 
 CFG_31B = "gemma-4-31B-it.text_config.json"
 CANDIDATES = [os.path.join(YOCO, "configs", CFG_31B), os.path.join(HERE, "..", "..", "shared", "models", CFG_31B),
               os.path.join("/work/shared/models", CFG_31B)]
-ASSISTANT = os.path.join(YOCO, "configs", "gemma-4-E4B-it-assistant.config.json")
-# Target attention geometry the assistant must share (it attends over target KV).
-GEOMETRY = ["num_key_value_heads", "num_global_key_value_heads", "head_dim", "global_head_dim", "attention_k_eq_v",
-            "sliding_window", "max_position_embeddings", "rope_parameters", "num_attention_heads"]
 
 
 def target_checkpoint(root, target, target_config):
@@ -66,19 +62,8 @@ def target_checkpoint(root, target, target_config):
 
 
 def draft_checkpoint(root, target, tcfg):
-    with open(ASSISTANT) as f:
-        cfg = json.load(f)
-    if target != "e4b":
-        cfg["backbone_hidden_size"] = tcfg["hidden_size"]  # scaled: no 31B assistant config here
-        for k in GEOMETRY:
-            if k in tcfg:
-                cfg["text_config"][k] = copy.deepcopy(tcfg[k])
-    cfg["torch_dtype"] = "bfloat16"
     path = os.path.join(root, f"draft-{target}")
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    return path
+    return write_assistant_checkpoint(path, None if target == "e4b" else tcfg)
 
 
 def make_engine(mode, target_dir, draft_dir, a):
@@ -88,9 +73,7 @@ def make_engine(mode, target_dir, draft_dir, a):
     if a.max_running_requests:
         kw["max_running_requests"] = a.max_running_requests
     if mode == "mtp":
-        kw.update(speculative_algorithm="NEXTN", speculative_draft_model_path=draft_dir,
-                  speculative_draft_load_format="dummy", speculative_num_steps=a.steps,
-                  speculative_eagle_topk=1, speculative_num_draft_tokens=a.steps + 1)
+        kw.update(mtp_kwargs(draft_dir, a.steps))
     kw.update(json.loads(a.extra))  # e.g. '{"disable_overlap_schedule": true}'
     return sgl.Engine(**engine_kwargs(**kw))
 

@@ -50,6 +50,40 @@ def write_text_checkpoint(path: str, variant: str) -> str:
     return path
 
 
+ASSISTANT_CONFIG = os.path.join(HERE, "configs", "gemma-4-E4B-it-assistant.config.json")
+# Attention geometry an assistant must share with its target (it reads target KV).
+ASSISTANT_GEOMETRY = ["num_key_value_heads", "num_global_key_value_heads", "head_dim", "global_head_dim",
+                      "attention_k_eq_v", "sliding_window", "max_position_embeddings", "rope_parameters",
+                      "num_attention_heads"]
+
+
+def write_assistant_checkpoint(path: str, target_cfg: dict = None) -> str:
+    """The released E4B assistant (drafter) config. For another target (target_cfg
+    given) it is rescaled: backbone width and attention geometry from the target,
+    its own depth/width/centroid head kept (no other assistant config exists here)."""
+    with open(ASSISTANT_CONFIG) as f:
+        cfg = json.load(f)
+    cfg.pop("source_model", None)
+    if target_cfg is not None:
+        cfg["backbone_hidden_size"] = target_cfg["hidden_size"]
+        for k in ASSISTANT_GEOMETRY:
+            if k in target_cfg:
+                cfg["text_config"][k] = copy.deepcopy(target_cfg[k])
+    cfg["torch_dtype"] = "bfloat16"
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return path
+
+
+def mtp_kwargs(draft_dir: str, steps: int = 3) -> dict:
+    """NEXTN with a Gemma-4 assistant (promoted to FROZEN_KV_MTP): steps 3, topk 1,
+    4 draft tokens, as in the original E4B study."""
+    return dict(speculative_algorithm="NEXTN", speculative_draft_model_path=draft_dir,
+                speculative_draft_load_format="dummy", speculative_num_steps=steps,
+                speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1)
+
+
 def engine_kwargs(**overrides) -> dict:
     os.environ["SGLANG_DUMMY_WEIGHTS_AT_SCALE"] = "1"
     kw = dict(

@@ -1,7 +1,7 @@
 """YOCO off vs on, side by side, in one run: prefill microbenchmark + served benchmark.
 
     python benchmark/yoco_gemma4/run.py OUTDIR [--variant e4b] [--quick]
-        [--skip-prefill] [--skip-serving] [--tp 1]
+        [--skip-prefill] [--skip-serving] [--tp 1] [--mtp] [--workloads summ,chat] [--port 30000]
     python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
 
 1. Prefill (engine level, prefill_bench.py): lengths 64 .. 32k at batch 1 and 8, YOCO
@@ -10,6 +10,8 @@
    summ 8000 in / 1000 out and chat 1000 / 1000, 80 prompts each, then a concurrency
    sweep (1, 8, 32, 80) on chat. One server per mode on the same GPU; output tok/s,
    median / p99 TTFT, median TPOT.
+   --mtp serves both modes with FROZEN_KV_MTP (E4B assistant drafter, steps 3, topk 1,
+   4 draft tokens) at SGLANG_SIMULATE_ACC_LEN=2.1, the original study's accept length.
 Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
 OUTDIR/speedup.png and OUTDIR/ttft.png. Progress lines go to stdout.
 Checkpoints: make_checkpoint.py (real config, synthetic tokenizer), weights from
@@ -26,12 +28,13 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from checkpoints import ceiling_variant, engine_kwargs, text_config  # noqa: E402
+from checkpoints import ceiling_variant, engine_kwargs, mtp_kwargs, text_config, write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
 
 PREFILL_POINTS = [(L, n) for L in (64, 256, 1024, 2048, 4096, 8000, 16000, 32000) for n in (1, 8)]
 WORKLOADS = [("summ", 8000, 1000, 80, None), ("chat", 1000, 1000, 80, None)]
 CONCURRENCY = (1, 8, 32, 80)
+MTP_ACCEPT_LEN = "2.1"
 
 
 def log(msg):
@@ -61,9 +64,9 @@ def run_prefill(out, variant, quick, tp):
 # ------------------------------------------------------------------ serving
 
 
-def _server_cmd(model, port, yoco, tp):
+def _server_cmd(model, port, yoco, tp, draft=None):
     """The engine settings of the prefill benchmark, as server flags."""
-    kw = engine_kwargs(skip_tokenizer_init=False, tp_size=tp, log_level="warning")
+    kw = engine_kwargs(skip_tokenizer_init=False, tp_size=tp, log_level="warning", **(mtp_kwargs(draft) if draft else {}))
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port)]
     for k, v in kw.items():
         if v is False or v is None:
@@ -103,19 +106,26 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl):
             "max_concurrency": conc, **{k: m.get(k) for k in keep}}
 
 
-def run_serving(out, variant, quick, tp):
+def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000):
     model = make_checkpoint(f"{out}/ckpt-{variant}", variant)
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
+    draft = None
+    if mtp:
+        tcfg = None if variant == "e4b" else text_config(variant)
+        draft = write_assistant_checkpoint(f"{out}/ckpt-{variant}-assistant", tcfg)
+        env["SGLANG_SIMULATE_ACC_LEN"] = MTP_ACCEPT_LEN
     workloads = list(WORKLOADS)
     for c in CONCURRENCY:
         workloads.append((f"chat-c{c}", 1000, 1000, min(80, max(8, 4 * c)), c))
     if quick:
         workloads = [("summ", 8000, 200, 16, None), ("chat", 1000, 200, 16, None)]
+    if only:
+        workloads = [w for w in workloads if w[0] in only]
     res = []
     for mode in ("off", "on"):
-        port = 30000 + (mode == "on")
-        log(f"serving: starting server, YOCO {mode}")
-        proc = subprocess.Popen(_server_cmd(model, port, mode == "on", tp), env=env)
+        port = port_base + (mode == "on")
+        log(f"serving: starting server, YOCO {mode}{' with FROZEN_KV_MTP' if mtp else ''}")
+        proc = subprocess.Popen(_server_cmd(model, port, mode == "on", tp, draft), env=env)
         try:
             _wait_healthy(port, proc)
             for name, inp, outp, n, conc in workloads:
@@ -136,7 +146,8 @@ def run_serving(out, variant, quick, tp):
 def report(out):
     with open(f"{out}/results.json") as f:
         data = json.load(f)
-    lines = [f"# YOCO off vs on ({data['variant']}, one run)", ""]
+    mtp = " under FROZEN_KV_MTP, accept length " + MTP_ACCEPT_LEN if data.get("mtp") else ""
+    lines = [f"# YOCO off vs on ({data['variant']}{mtp}, TP={data.get('tp', 1)}, one run)", ""]
     pre = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in data.get("prefill", [])}
     if pre:
         lines += ["| input x batch | off (ms) | on (ms) | ceiling (ms) | speed-up | ceiling | share |",
@@ -210,14 +221,18 @@ def main():
     ap.add_argument("--skip-serving", action="store_true")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--mtp", action="store_true", help="serve with FROZEN_KV_MTP (both modes)")
+    ap.add_argument("--workloads", default="", help="comma list of served workloads (default: all)")
+    ap.add_argument("--port", type=int, default=30000, help="servers use PORT (off) and PORT+1 (on)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if not a.report_only:
-        data = {"variant": a.variant, "tp": a.tp, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         if not a.skip_prefill:
             data["prefill"] = run_prefill(a.out, a.variant, a.quick, a.tp)
         if not a.skip_serving:
-            data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp)
+            only = [w for w in a.workloads.split(",") if w]
+            data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp, a.mtp, only, a.port)
         with open(f"{a.out}/results.json", "w") as f:
             json.dump(data, f, indent=1)
     report(a.out)

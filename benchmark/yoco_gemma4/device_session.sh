@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU runs of the YOCO benchmark issues, as run on the two-GPU H200 machine
+# (device tool, kind nvidia-h200-x2). Each stage fits one device call (< 10 min);
+# independent jobs run side by side, one per GPU. Results: $OUT/<stage>.tgz
+# (raw JSON and logs) and SUMMARY/ROW lines on stdout.
+#
+#   bash benchmark/yoco_gemma4/device_session.sh A   # parity + MTP parity | prefill sweep E4B, E2B
+#   bash benchmark/yoco_gemma4/device_session.sh B   # served E4B          | served under MTP + phase log
+#   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
+#
+# Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
+# (packs 1 and 2 in the two calls before), see ../shared/device/README.md.
+set -uo pipefail
+stage=$1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+cp -r .device/overlay/sglang/* /tmp/site/sglang/   # the fork's changed files over stock 0.5.17
+res=/tmp/res-$stage
+mkdir -p "$res"
+B=benchmark/yoco_gemma4
+gpu() { local g=$1; shift; CUDA_VISIBLE_DEVICES=$g YOCO_CKPT_DIR=/tmp/ckpt$g "$@"; }
+
+case $stage in
+A)
+  ( gpu 0 timeout 320 python3 $B/parity_check.py $res/parity_e4b.json --variant e4b --prompts 240 --max-new 16 \
+      > $res/parity.log 2>&1
+    gpu 0 timeout 250 python3 $B/mtp_check.py $res/mtp_parity_e4b.json --variant e4b --prompts 200 --max-len 4000 \
+      > $res/mtp_parity.log 2>&1 ) &
+  ( gpu 1 timeout 400 python3 $B/run.py $res/prefill_e4b --variant e4b --skip-serving --port 31000 \
+      > $res/prefill_e4b.log 2>&1
+    gpu 1 timeout 150 python3 $B/prefill_bench.py $res/prefill_e2b.json --variant e2b \
+      --points 256x8,1024x8,8000x8,32000x1 > $res/prefill_e2b.log 2>&1 ) &
+  wait
+  ;;
+B)
+  ( gpu 0 timeout 540 python3 $B/run.py $res/serve_e4b --variant e4b --skip-prefill --port 30000 \
+      > $res/serve_e4b.log 2>&1 ) &
+  ( gpu 1 timeout 380 python3 $B/run.py $res/serve_e4b_mtp --variant e4b --skip-prefill --mtp \
+      --workloads summ,chat --port 31000 > $res/serve_e4b_mtp.log 2>&1
+    gpu 1 timeout 120 python3 $B/mtp_check.py $res/mtp_phases.json --phases > $res/mtp_phases.log 2>&1
+    grep -o "KV-sharing fast prefill: [a-z ]*[0-9]* of [0-9]* tokens ([A-Z_]*)\|KV-sharing fast prefill: full pass ([^)]*)" \
+      $res/mtp_phases.log | sed 's/on [0-9]* of [0-9]* tokens/on N of M tokens/' | sort | uniq -c > $res/mtp_phases.counts ) &
+  wait
+  ;;
+C)
+  gpu 0,1 timeout 300 python3 $B/parity_check.py $res/parity_e4b_tp2.json --variant e4b --tp 2 --prompts 120 \
+    --max-new 16 > $res/parity_tp2.log 2>&1
+  gpu 0,1 timeout 230 python3 $B/prefill_bench.py $res/prefill_e4b_tp2.json --variant e4b --tp 2 \
+    --points 1024x8,8000x8,32000x1 > $res/prefill_tp2.log 2>&1
+  ;;
+esac
+find "$res" -name "ckpt-*" -prune -o -type f -print | sed "s|$res/||" | sort > $res/files.txt
+tar czf "$OUT/$stage.tgz" --exclude='ckpt-*' -C "$res" .
+grep -h "SUMMARY\|^ROW\|Traceback\|Error\|rc=" $res/*.log | grep -v "Ignore import error\|UserWarning" | tail -40
+cat $res/*/results.md $res/mtp_phases.counts 2>/dev/null

@@ -1,0 +1,90 @@
+"""YOCO under FROZEN_KV_MTP: greedy parity MTP+YOCO on vs MTP+YOCO off, one GPU, one run.
+
+    python mtp_check.py OUT.json [--variant e4b] [--prompts 200] [--max-len 8000] [--max-new 16]
+    python mtp_check.py OUT.json --phases     # which forwards ran YOCO (debug log lines)
+
+Target: the text-only checkpoint of parity_check.py; drafter: the released E4B
+assistant config (4 layers, all KV-shared with the target), both with the fork's
+seeded dummy weights at scale. NEXTN -> FROZEN_KV_MTP, steps 3, topk 1, 4 draft
+tokens. Acceptance is real (no SGLANG_SIMULATE_ACC_LEN): with random weights it is
+low, but it must be the same with YOCO on and off, request by request.
+
+--phases serves a few prompts with log_level=debug; the fork logs one line per
+Gemma-4 text-model forward ("KV-sharing fast prefill: back half on ... (EXTEND)" or
+"... full pass (<reason>)"). Run it with stderr captured and count the lines:
+the target prefill must be the only forward that takes the back-half path.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoints import engine_kwargs, mtp_kwargs, text_config, write_assistant_checkpoint, write_text_checkpoint  # noqa: E402
+from parity_check import batches, make_prompts  # noqa: E402
+
+
+def run(model_dir, draft_dir, yoco, prompts, mix, max_new, **extra):
+    import sglang as sgl
+
+    kw = engine_kwargs(**mtp_kwargs(draft_dir), **extra)
+    eng = sgl.Engine(model_path=model_dir, kv_sharing_fast_prefill=yoco, **kw)
+    res = [None] * len(prompts)
+    for group in mix:
+        outs = eng.generate(
+            input_ids=[prompts[i] for i in group],
+            sampling_params={"temperature": 0, "max_new_tokens": max_new},
+        )
+        for i, o in zip(group, outs):
+            mi = o["meta_info"]
+            res[i] = {"ids": o["output_ids"], "verify_ct": mi.get("spec_verify_ct"),
+                      "accept_len": mi.get("spec_accept_length")}
+    eng.shutdown()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--variant", default="e4b")
+    ap.add_argument("--prompts", type=int, default=200)
+    ap.add_argument("--max-len", type=int, default=8000)
+    ap.add_argument("--max-new", type=int, default=16)
+    ap.add_argument("--phases", action="store_true", help="one short debug-logged run with YOCO on")
+    a = ap.parse_args()
+    root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
+    model = write_text_checkpoint(f"{root}/{a.variant}", a.variant)
+    draft = write_assistant_checkpoint(f"{root}/{a.variant}-assistant",
+                                       None if a.variant == "e4b" else text_config(a.variant))
+    vocab = text_config(a.variant)["vocab_size"]
+    if a.phases:
+        # 3 prompts in one batch (one EXTEND), then decode: draft + verify steps.
+        prompts = make_prompts(3, 3000, vocab, seed=7)
+        res = run(model, draft, True, prompts, [[0, 1, 2]], 8, log_level="debug")
+        with open(a.out, "w") as f:
+            json.dump({"phases_run": res}, f)
+        return
+    prompts = make_prompts(a.prompts, a.max_len, vocab)
+    mix = batches(len(prompts), 1)
+    off = run(model, draft, False, prompts, mix, a.max_new)
+    on = run(model, draft, True, prompts, mix, a.max_new)
+    acc = [r["accept_len"] for r in off if r["accept_len"] is not None]
+    summary = {
+        "variant": a.variant,
+        "prompts": len(prompts),
+        "prompt_len_min": min(map(len, prompts)),
+        "prompt_len_max": max(map(len, prompts)),
+        "identical_ids_on_vs_off": sum(x["ids"] == y["ids"] for x, y in zip(off, on)),
+        "identical_verify_steps_on_vs_off": sum(x["verify_ct"] == y["verify_ct"] for x, y in zip(off, on)),
+        "mean_accept_len_off": sum(acc) / len(acc) if acc else None,
+        "distinct_output_tokens": len({t for r in off for t in r["ids"]}),
+        "mismatched_prompt_lengths": [len(p) for p, x, y in zip(prompts, off, on) if x["ids"] != y["ids"]],
+    }
+    print("SUMMARY", json.dumps(summary), flush=True)
+    with open(a.out, "w") as f:
+        json.dump({"summary": summary, "off": off, "on": on}, f)
+
+
+if __name__ == "__main__":
+    main()
