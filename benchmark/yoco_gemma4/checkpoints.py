@@ -64,6 +64,9 @@ def write_assistant_checkpoint(path: str, target_cfg: dict = None) -> str:
     with open(ASSISTANT_CONFIG) as f:
         cfg = json.load(f)
     cfg.pop("source_model", None)
+    # The released file pairs hidden_size_per_layer_input 0 with the target's
+    # per-layer vocab; transformers >= 5.17 rejects that (it must be 0 too).
+    cfg["text_config"]["vocab_size_per_layer_input"] = 0
     if target_cfg is not None:
         cfg["backbone_hidden_size"] = target_cfg["hidden_size"]
         for k in ASSISTANT_GEOMETRY:

@@ -5,7 +5,8 @@
 # (raw JSON and logs) and SUMMARY/ROW lines on stdout.
 #
 #   bash benchmark/yoco_gemma4/device_session.sh A   # parity + MTP parity | prefill sweep E4B, E2B
-#   bash benchmark/yoco_gemma4/device_session.sh B   # served E4B          | served under MTP + phase log
+#   bash benchmark/yoco_gemma4/device_session.sh B   # served E4B          | MTP parity, served under MTP
+#   bash benchmark/yoco_gemma4/device_session.sh P   # which forwards run YOCO under MTP (debug log)
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
 # Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
@@ -34,12 +35,16 @@ A)
 B)
   ( gpu 0 timeout 540 python3 $B/run.py $res/serve_e4b --variant e4b --skip-prefill --port 30000 \
       > $res/serve_e4b.log 2>&1 ) &
-  ( gpu 1 timeout 380 python3 $B/run.py $res/serve_e4b_mtp --variant e4b --skip-prefill --mtp \
-      --workloads summ,chat --port 31000 > $res/serve_e4b_mtp.log 2>&1
-    gpu 1 timeout 120 python3 $B/mtp_check.py $res/mtp_phases.json --phases > $res/mtp_phases.log 2>&1
-    grep -o "KV-sharing fast prefill: [a-z ]*[0-9]* of [0-9]* tokens ([A-Z_]*)\|KV-sharing fast prefill: full pass ([^)]*)" \
-      $res/mtp_phases.log | sed 's/on [0-9]* of [0-9]* tokens/on N of M tokens/' | sort | uniq -c > $res/mtp_phases.counts ) &
+  ( gpu 1 timeout 250 python3 $B/mtp_check.py $res/mtp_parity_e4b.json --variant e4b --prompts 200 --max-len 4000 \
+      > $res/mtp_parity.log 2>&1
+    gpu 1 timeout 290 python3 $B/run.py $res/serve_e4b_mtp --variant e4b --skip-prefill --mtp \
+      --workloads summ,chat --port 31000 > $res/serve_e4b_mtp.log 2>&1 ) &
   wait
+  ;;
+P)
+  gpu 0 timeout 150 python3 $B/mtp_check.py $res/mtp_phases.json --phases > $res/mtp_phases.log 2>&1
+  grep -o "KV-sharing fast prefill: [a-z ]*[0-9]* of [0-9]* tokens ([A-Z_]*)\|KV-sharing fast prefill: full pass ([^)]*)" \
+    $res/mtp_phases.log | sed 's/on [0-9]* of [0-9]* tokens/on N of M tokens/' | sort | uniq -c > $res/mtp_phases.counts
   ;;
 C)
   gpu 0,1 timeout 300 python3 $B/parity_check.py $res/parity_e4b_tp2.json --variant e4b --tp 2 --prompts 120 \

@@ -1,0 +1,418 @@
+"""YOCO fast prefill (--kv-sharing-fast-prefill) under FROZEN_KV_MTP speculative
+decoding (Gemma-4 assistant drafter), on CPU, no engine.
+
+Patch 0012: the frozen-KV worker's target prefill asks for LAST hidden states
+(``target_prefill_capture_mode``), raised to FULL only when a request, the server
+or the batch's spec_info needs every token's hidden state. Stock 0.5.17 asked for
+FULL, which made every prefill under MTP fall back to the full computation.
+Patch 0009: the assistant's own Gemma4TextModel never runs fast prefill.
+
+Per MTP phase, whether YOCO fires is checked with the real predicate
+(``fast_prefill_skip_reason``) on real ForwardBatch objects, using the forward
+mode and capture mode that phase really runs with.
+"""
+
+import socket
+import types
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from test_gemma4_yoco import FIRST_SHARED, make_batch, reason
+
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardMode,
+    get_required_capture_hidden_mode,
+)
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
+from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPDraftInput
+from sglang.srt.speculative.frozen_kv_mtp_prefill_capture import (
+    target_prefill_capture_mode,
+)
+from sglang.srt.utils import empty_context
+
+NULL, LAST, FULL = CaptureHiddenMode.NULL, CaptureHiddenMode.LAST, CaptureHiddenMode.FULL
+HIDDEN = 8  # target hidden size of the fake target forward
+
+
+def ns_batch(mode=NULL, spec_info=None):
+    return types.SimpleNamespace(return_hidden_states_mode=mode, spec_info=spec_info)
+
+
+def ns_server(mode=None, enable=False):
+    return types.SimpleNamespace(
+        return_hidden_states_mode=mode, enable_return_hidden_states=enable
+    )
+
+
+# ------------------------------------------------ target_prefill_capture_mode
+
+
+def test_capture_mode_plain_batch_is_last():
+    assert target_prefill_capture_mode(ns_batch(), ns_server()) == LAST
+    # the real objects' defaults: no request and no server setting asks for more
+    sched = ScheduleBatch(reqs=[])
+    assert sched.return_hidden_states_mode == NULL and sched.spec_info is None
+    assert target_prefill_capture_mode(sched, ServerArgs(model_path="dummy")) == LAST
+
+
+@pytest.mark.parametrize(
+    "mode, want", [(NULL, LAST), (LAST, LAST), (FULL, FULL)], ids=["NULL", "LAST", "FULL"]
+)
+def test_capture_mode_follows_the_requests(mode, want):
+    """A request with return_hidden_states (batch mode FULL) still gets FULL."""
+    assert target_prefill_capture_mode(ns_batch(mode), ns_server()) == want
+    sched = ScheduleBatch(reqs=[])
+    sched.return_hidden_states_mode = mode
+    assert target_prefill_capture_mode(sched, ServerArgs(model_path="dummy")) == want
+
+
+@pytest.mark.parametrize(
+    "server_kwargs, want",
+    [
+        ({}, LAST),
+        ({"return_hidden_states_mode": "last"}, LAST),
+        ({"return_hidden_states_mode": "full"}, FULL),
+        ({"enable_return_hidden_states": True}, FULL),
+    ],
+    ids=["default", "mode-last", "mode-full", "enable"],
+)
+def test_capture_mode_follows_the_server(server_kwargs, want):
+    # a real (dummy-model) ServerArgs: its post-init normalises the two fields
+    # ("last" also sets enable_return_hidden_states=True)
+    server = ServerArgs(model_path="dummy", **server_kwargs)
+    assert target_prefill_capture_mode(ns_batch(), server) == want
+    # and the raw fields as a bare namespace
+    raw = ns_server(
+        server_kwargs.get("return_hidden_states_mode"),
+        server_kwargs.get("enable_return_hidden_states", False),
+    )
+    assert target_prefill_capture_mode(ns_batch(), raw) == want
+
+
+@pytest.mark.parametrize(
+    "spec_mode, want",
+    [(None, LAST), (NULL, LAST), (LAST, LAST), (FULL, FULL)],
+    ids=["None", "NULL", "LAST", "FULL"],
+)
+def test_capture_mode_follows_the_spec_info(spec_mode, want):
+    spec = types.SimpleNamespace(capture_hidden_mode=spec_mode)
+    assert target_prefill_capture_mode(ns_batch(spec_info=spec), ns_server()) == want
+
+
+# ------------------------------------------------ the worker uses it
+
+
+class FakeTarget:
+    """Target worker: records the capture mode it was asked for and returns
+    hidden states shaped like that capture (FULL: every new token, LAST: the
+    last new token of each request). Row r of FULL is token r's hidden state."""
+
+    def __init__(self):
+        self.calls = []
+
+    def forward_batch_generation(self, batch, capture_hidden_mode=None, **kw):
+        self.calls.append(capture_hidden_mode)
+        n = sum(batch.extend_lens)
+        full = torch.arange(n, dtype=torch.float32)[:, None].repeat(1, HIDDEN)
+        if capture_hidden_mode == FULL:
+            hidden = full
+        else:
+            last = torch.cumsum(torch.tensor(batch.extend_lens), 0) - 1
+            hidden = full[last]
+        return types.SimpleNamespace(
+            logits_output=types.SimpleNamespace(hidden_states=hidden, mm_input_embeds=None),
+            next_token_ids=torch.arange(len(batch.extend_lens)) + 7,
+        )
+
+
+class FakeDraft:
+    """Draft worker: only what the prefill branch touches."""
+
+    def __init__(self):
+        self.seed_args = None
+        self.tp_contexts = []
+        self.draft_runner = types.SimpleNamespace(tp_group="draft-tp-group")
+
+    @contextmanager
+    def draft_tp_context(self, tp_group):
+        self.tp_contexts.append(tp_group)
+        yield
+
+    def _draft_extend_for_prefill(self, batch, hidden, next_token_ids, mm_input_embeds):
+        self.seed_args = (batch, hidden, next_token_ids, mm_input_embeds)
+        return "seed"
+
+
+def real_draft_worker(topk=1):
+    """FrozenKVMTPDraftWorker without __init__: its real seed selection
+    (_draft_extend_for_prefill -> select_last_extend_hidden -> seed input)."""
+    draft = object.__new__(fkv.FrozenKVMTPDraftWorker)
+    draft.topk = topk
+    draft.draft_tp_context = empty_context  # what __init__ sets without DP attention
+    # draft_runner -> model_runner -> _model_runner (read-only properties)
+    draft._model_runner = types.SimpleNamespace(tp_group=None)
+    return draft
+
+
+def make_worker(draft, server_args=None):
+    """FrozenKVMTPWorkerV2 without __init__ (which builds model runners).
+    target_worker / draft_worker are read-only properties of BaseSpecWorker
+    over _target_worker / _draft_worker."""
+    worker = object.__new__(fkv.FrozenKVMTPWorkerV2)
+    worker._target_worker = FakeTarget()
+    worker._draft_worker = draft
+    worker.server_args = server_args or ServerArgs(model_path="dummy")
+    return worker
+
+
+def extend_batch(extend_lens, return_hidden_states_mode=NULL):
+    """A real ScheduleBatch for a prefill (reqs are placeholders: only their count is read)."""
+    batch = ScheduleBatch(reqs=[types.SimpleNamespace() for _ in extend_lens])
+    batch.forward_mode = ForwardMode.EXTEND
+    batch.extend_lens = list(extend_lens)
+    batch.seq_lens = torch.tensor(extend_lens)
+    batch.return_hidden_states_mode = return_hidden_states_mode
+    return batch
+
+
+def run_prefill(extend_lens, return_hidden_states_mode=NULL, server_args=None, draft=None):
+    """One target-prefill step through FrozenKVMTPWorkerV2.forward_batch_generation.
+    Returns (the capture mode the target was asked for, the step's output, the worker)."""
+    worker = make_worker(draft or FakeDraft(), server_args)
+    batch = extend_batch(extend_lens, return_hidden_states_mode)
+    out = worker.forward_batch_generation(batch)
+    (mode,) = worker._target_worker.calls
+    return mode, out, worker
+
+
+def test_worker_target_prefill_asks_for_last():
+    # The prefill branch's module-level context managers (speculative_moe_*,
+    # spec_stage_span) run for real: they need no GPU and no published args.
+    draft = FakeDraft()
+    mode, out, _ = run_prefill([5, 9, 1], draft=draft)
+    assert mode == LAST
+    assert out.next_draft_input == "seed"
+    batch, hidden, next_ids, mm = draft.seed_args
+    assert out.new_seq_lens is batch.seq_lens  # spec-v2: length before this step
+    assert hidden is out.logits_output.hidden_states and hidden.shape == (3, HIDDEN)
+    assert next_ids is out.next_token_ids and mm is None
+    assert draft.tp_contexts == ["draft-tp-group"]
+
+
+def test_worker_target_prefill_full_when_a_request_returns_hidden_states():
+    mode, _, _ = run_prefill([5, 9], return_hidden_states_mode=FULL)
+    assert mode == FULL
+    mode, _, _ = run_prefill([5, 9], return_hidden_states_mode=LAST)
+    assert mode == LAST
+
+
+def test_worker_target_prefill_full_when_the_server_returns_hidden_states():
+    server = ServerArgs(model_path="dummy", return_hidden_states_mode="full")
+    mode, _, _ = run_prefill([5, 9], server_args=server)
+    assert mode == FULL
+
+
+@pytest.mark.parametrize("rhs_mode", [NULL, FULL], ids=["NULL", "FULL"])
+def test_real_seed_reads_each_requests_last_hidden_row(rhs_mode):
+    """With the real draft worker, the seed is each request's last prompt token's
+    hidden state whether the target captured LAST (one row per request) or FULL."""
+    ext = [5, 9, 1, 3]
+    mode, out, _ = run_prefill(ext, rhs_mode, draft=real_draft_worker())
+    assert mode == (FULL if rhs_mode == FULL else LAST)
+    seed = out.next_draft_input
+    assert isinstance(seed, FrozenKVMTPDraftInput)
+    last_rows = (torch.cumsum(torch.tensor(ext), 0) - 1).tolist()  # [4, 13, 14, 17]
+    assert seed.hidden_states[:, 0].tolist() == last_rows
+    assert seed.bonus_tokens.tolist() == out.next_token_ids.tolist()
+    assert seed.capture_hidden_mode == LAST
+
+
+# ------------------------------------------------ does YOCO fire, per MTP phase
+
+
+def test_phase_target_prefill_fires():
+    """Target prefill (EXTEND) with the mode the worker really asks for."""
+    mode, _, _ = run_prefill([5, 9, 1])
+    fb = make_batch([5, 9, 1])
+    fb.capture_hidden_mode = mode
+    assert reason(fb) is None
+    # a request that returns hidden states still takes the full computation
+    mode, _, _ = run_prefill([5, 9, 1], return_hidden_states_mode=FULL)
+    fb.capture_hidden_mode = mode
+    assert reason(fb) == "full hidden-state capture"
+
+
+def test_phase_stock_full_capture_never_fires():
+    """Stock 0.5.17 asked the target prefill for FULL: YOCO could never fire."""
+    fb = make_batch([5, 9, 1])
+    fb.capture_hidden_mode = FULL
+    assert reason(fb) == "full hidden-state capture"
+
+
+def test_phase_target_prefill_of_single_tokens_does_not_fire():
+    """Every request has one new token: nothing to save."""
+    mode, _, _ = run_prefill([1, 1])
+    fb = make_batch([1, 1])
+    fb.capture_hidden_mode = mode
+    assert mode == LAST
+    assert reason(fb) == "no request has more than one new token"
+
+
+def test_phase_assistant_draft_steps_do_not_fire():
+    """Seed and recurrent draft steps: the ScheduleBatch is DECODE and
+    FrozenKVMTPDraftWorker.draft builds the assistant's ForwardBatch with
+    init_new on the draft runner (request mode NULL) raised by the seed's
+    spec_info capture mode, LAST."""
+    _, out, _ = run_prefill([5, 9], draft=real_draft_worker())
+    seed = out.next_draft_input
+    mode = get_required_capture_hidden_mode(NULL, seed)
+    assert mode == LAST
+    fb = make_batch([5, 9], mode=ForwardMode.DECODE)
+    fb.capture_hidden_mode = mode
+    # even if the assistant's model had a first shared layer, DECODE never fires
+    assert reason(fb) == "forward mode DECODE"
+    # and the assistant's Gemma4TextModel has none (patch 0009, tested below)
+    assert reason(fb, first=None) == "model has no KV-shared layers"
+
+
+def test_phase_target_verify_does_not_fire():
+    """Target verify: eagle_prepare_for_verify sets TARGET_VERIFY; the verify
+    input from FrozenKVMTPDraftWorker.draft captures FULL."""
+    fb = make_batch([4, 4], mode=ForwardMode.TARGET_VERIFY)
+    fb.capture_hidden_mode = FULL
+    assert reason(fb) == "forward mode TARGET_VERIFY"
+
+
+# ------------------------------------------------ the assistant never fires
+
+TINY_ASSISTANT_CONFIG = {
+    "architectures": ["Gemma4AssistantForCausalLM"],
+    "model_type": "gemma4_assistant",
+    "backbone_hidden_size": 64,
+    "use_ordered_embeddings": False,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "text_config": {
+        "model_type": "gemma4_text",
+        "vocab_size": 512,
+        "vocab_size_per_layer_input": 0,
+        "hidden_size_per_layer_input": 0,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_kv_shared_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 16,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+            },
+        },
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-06,
+        "final_logit_softcapping": 30.0,
+        "enable_moe_block": False,
+        "use_double_wide_mlp": False,
+        "attention_k_eq_v": False,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 4096,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "bos_token_id": 2,
+    },
+}
+
+
+def _load_config(tmp_path_factory, name, cfg):
+    """Through SGLang's own config loader (it remaps Gemma-4 head dims)."""
+    import json
+
+    from sglang.srt.utils.hf_transformers import get_config
+
+    path = tmp_path_factory.mktemp(name)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return get_config(str(path), trust_remote_code=False)
+
+
+@pytest.fixture(scope="module")
+def flag_on(tmp_path_factory):
+    """--kv-sharing-fast-prefill published, a 1-rank gloo model-parallel group,
+    and the tiny target / assistant configs. Torn down afterwards (the engine
+    tests start their schedulers in spawned processes, but leave no trace)."""
+    from tiny_gemma4 import TINY_TEXT_CONFIG
+
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.runtime_context import get_context, get_exec
+
+    target_cfg = _load_config(tmp_path_factory, "tiny_target", TINY_TEXT_CONFIG)
+    assistant_cfg = _load_config(tmp_path_factory, "tiny_assistant", TINY_ASSISTANT_CONFIG)
+    override = get_context().override_server_args(kv_sharing_fast_prefill=True)
+    override.install()
+    started = not torch.distributed.is_initialized()
+    try:
+        assert get_exec().features.kv_sharing_fast_prefill
+        if started:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            ps.init_distributed_environment(
+                backend="gloo",
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                distributed_init_method=f"tcp://127.0.0.1:{port}",
+            )
+            ps.initialize_model_parallel(1)
+        yield types.SimpleNamespace(target=target_cfg, assistant=assistant_cfg)
+    finally:
+        if started:
+            ps.destroy_model_parallel()
+            ps.destroy_distributed_environment()
+        override.restore()
+
+
+def _build(flag_on):
+    from sglang.srt.models.gemma4_causal import Gemma4TextModel
+    from sglang.srt.models.gemma4_mtp import Gemma4AssistantForCausalLM
+
+    target = Gemma4TextModel(flag_on.target)
+    assistant = Gemma4AssistantForCausalLM(flag_on.assistant)
+    return target, assistant
+
+
+def test_assistant_text_model_never_fires(flag_on):
+    target, assistant = _build(flag_on)
+    # the flag is on: a target Gemma4TextModel does fast prefill from layer 4 of 8
+    assert target.fast_prefill_first_shared_layer == FIRST_SHARED
+    assert assistant.model.fast_prefill_first_shared_layer is None
+    # still off after the assistant's layers become KV-shared at bind time
+    ctx = types.SimpleNamespace(get_physical_layer_id=lambda i: 2 + i)
+    assistant.bind_frozen_kv_context(ctx)
+    assert all(l.self_attn.is_kv_shared_layer for l in assistant.model.layers)
+    assert assistant.model.fast_prefill_first_shared_layer is None
+
+
+def test_assistant_stays_off_even_if_its_layers_count_as_shared(flag_on, monkeypatch):
+    """The assistant builds its text model with num_kv_shared_layers=0, so the
+    config alone keeps fast prefill off today. Patch 0009 turns it off
+    explicitly: simulate a text model that sees its layers as KV-shared (they
+    all are after bind) and the assistant must still be off."""
+    from sglang.srt.models import gemma4_causal
+
+    monkeypatch.setattr(gemma4_causal, "first_kv_shared_layer", lambda config: 0)
+    target, assistant = _build(flag_on)
+    assert target.fast_prefill_first_shared_layer == 0  # the simulation took
+    assert assistant.model.fast_prefill_first_shared_layer is None
