@@ -407,11 +407,26 @@ def test_triton_accepted(model):
     assert args._resolved_attention_backends() == ("triton", "triton")
 
 
-def test_trtllm_mha_rejected_until_the_model_branch_supports_it(e4b_resolved):
+def test_trtllm_mha_accepted(e4b_resolved):
     # trtllm_mha needs a Blackwell GPU to get through ServerArgs.
-    msg = reject(run_hook, e4b_resolved, device="cuda", attention_backend="trtllm_mha")
-    assert "prefill attention backend 'trtllm_mha'" in msg
-    assert "supported: triton)" in msg
+    args = run_hook(e4b_resolved, device="cuda", attention_backend="trtllm_mha")
+    assert args._resolved_attention_backends() == ("trtllm_mha", "trtllm_mha")
+
+
+@pytest.mark.parametrize(
+    "prefill, decode", [("triton", "trtllm_mha"), ("trtllm_mha", "triton")]
+)
+def test_split_prefill_and_decode_backends_rejected(e4b_resolved, prefill, decode):
+    # HybridAttnBackend: the back half would run on the other phase's backend.
+    msg = reject(
+        run_hook,
+        e4b_resolved,
+        device="cuda",
+        prefill_attention_backend=prefill,
+        decode_attention_backend=decode,
+    )
+    assert f"(got prefill {prefill!r}, decode {decode!r})" in msg
+    assert "--attention-backend" in msg
 
 
 @pytest.mark.parametrize("backend", ["flashinfer", "fa3", "intel_xpu"])
@@ -419,6 +434,7 @@ def test_other_attention_backends_rejected(e4b_resolved, backend):
     # Gemma-4's own check rejects most of these before the hook on CPU.
     msg = reject(run_hook, e4b_resolved, device="cuda", attention_backend=backend)
     assert f"prefill attention backend {backend!r}" in msg
+    assert "supported: triton, trtllm_mha)" in msg
     assert "--attention-backend" in msg
 
 

@@ -41,11 +41,12 @@ GEMMA4_ARCHITECTURES = (
 # FROZEN_KV_MTP (Gemma-4 assistant draft) or EAGLE before this hook runs.
 ALLOWED_SPECULATIVE_ALGORITHMS = (None, "FROZEN_KV_MTP", "NEXTN", "NGRAM")
 
-# Attention backends whose back-half metadata the fast prefill builds
-# (layers/kv_sharing_fast_prefill.py). trtllm_mha is not among them yet: its
-# metadata transform is unwritten, and running it unchecked could reuse the
-# pass's own buffers. Add it here in the change that implements and tests it.
-ALLOWED_ATTENTION_BACKENDS = ("triton",)
+# Attention backends whose back-half metadata the fast prefill builds and tests
+# (layers/kv_sharing_fast_prefill.py, test/srt/test_gemma4_yoco.py): triton
+# into private twins of its index buffers, trtllm_mha (SM100) as it is (its
+# eager metadata is allocated per call; the sliding window is applied by its
+# kernels, alike in prefill and decode). Add a backend only with such tests.
+ALLOWED_ATTENTION_BACKENDS = ("triton", "trtllm_mha")
 ALLOWED_CPU_ATTENTION_BACKENDS = ("torch_native",)
 
 
@@ -152,6 +153,19 @@ def _check_attention_backends(server_args: ServerArgs) -> None:
                 f"{', '.join(allowed)}). Set --attention-backend (or "
                 f"--{phase}-attention-backend) to one of those, or drop {FLAG}."
             )
+    # The back half runs each prefill's last token as a decode step of the
+    # backend serving the pass. With a prefill/decode split (HybridAttnBackend)
+    # that step would go to the decode backend, whose kernel, metadata and
+    # sliding window are not the ones the prefill computes with.
+    if prefill != decode:
+        raise ValueError(
+            f"{FLAG} needs the same attention backend for prefill and decode "
+            f"(got prefill {prefill!r}, decode {decode!r}): its KV-shared layers "
+            "run the last token of each prefill as a decode step, which a split "
+            "backend would hand to the decode backend instead of the prefill's. "
+            "Set only --attention-backend (no --prefill-attention-backend/"
+            f"--decode-attention-backend), or drop {FLAG}."
+        )
 
 
 def _check_unsupported_features(server_args: ServerArgs, view: Any) -> None:

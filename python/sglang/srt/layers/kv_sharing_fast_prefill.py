@@ -41,7 +41,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Persistent per-backend index buffers that init_forward_metadata writes in place
-# (a reference to the old ForwardMetadata would not protect them).
+# (a reference to the old ForwardMetadata would not protect them): triton's.
+# trtllm_mha needs none: outside CUDA graphs its init_forward_metadata fills
+# only tensors it allocates in that call (cache_seqlens, cu_seqlens, page
+# tables, swa_out_cache_loc) and writes none of its persistent buffers (the
+# CUDA-graph ones, the kv_indptr/qo_indptr lists it inherits from FlashInfer).
 _PERSISTENT_BUFFERS = (
     "kv_indptr",
     "qo_indptr",
@@ -219,7 +223,11 @@ def make_back_half_batch(
 def _match_extend_window(backend, fb: ForwardBatch) -> None:
     """Triton's decode metadata keeps the last W keys of a sliding layer, its
     extend kernel W + 1 (q - k <= W, W = sliding_window - 1). The back half must
-    reproduce the extend pass, so rebuild the window with W + 1 keys."""
+    reproduce the extend pass, so rebuild the window with W + 1 keys.
+
+    trtllm_mha needs nothing here: its metadata carries no window; its prefill
+    and decode kernels both get window_left = W and keep keys k >= p - W for
+    the query at position p (W + 1 keys), so decode equals the extend pass."""
     from sglang.srt.layers.attention.triton_backend import (
         TritonAttnBackend,
         update_sliding_window_buffer,
