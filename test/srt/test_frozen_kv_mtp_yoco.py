@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from test_gemma4_yoco import FIRST_SHARED, make_batch, reason
+from tiny_gemma4 import TINY_TEXT_CONFIG
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import (
@@ -312,14 +313,7 @@ TINY_ASSISTANT_CONFIG = {
         "global_head_dim": 32,
         "layer_types": ["sliding_attention", "full_attention"],
         "sliding_window": 16,
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {
-                "rope_type": "proportional",
-                "partial_rotary_factor": 0.25,
-                "rope_theta": 1000000.0,
-            },
-        },
+        "rope_parameters": TINY_TEXT_CONFIG["rope_parameters"],
         "hidden_activation": "gelu_pytorch_tanh",
         "rms_norm_eps": 1e-06,
         "final_logit_softcapping": 30.0,
@@ -352,7 +346,6 @@ def flag_on(tmp_path_factory):
     """--kv-sharing-fast-prefill published, a 1-rank gloo model-parallel group,
     and the tiny target / assistant configs. Torn down afterwards (the engine
     tests start their schedulers in spawned processes, but leave no trace)."""
-    from tiny_gemma4 import TINY_TEXT_CONFIG
 
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.runtime_context import get_context, get_exec
