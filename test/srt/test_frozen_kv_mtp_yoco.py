@@ -346,7 +346,6 @@ def flag_on(tmp_path_factory):
     """--kv-sharing-fast-prefill published, a 1-rank gloo model-parallel group,
     and the tiny target / assistant configs. Torn down afterwards (the engine
     tests start their schedulers in spawned processes, but leave no trace)."""
-
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.runtime_context import get_context, get_exec
 
