@@ -219,11 +219,8 @@ def test_multimodal_served_from_text_and_image(mm_ckpt, tmp_path, monkeypatch):
     """The tiny --multimodal checkpoint served by the fork on CPU (dummy weights at
     scale, tokenizer and processor loaded by SGLang): a text prompt and an image
     prompt (HF processor expansion, vision tower on CPU) give the same greedy text with
-    YOCO on and off, and the image changes the output.
-
-    disable_fast_image_processor: SGLang puts the fast (torchvision) image processor on
-    cuda:<base_gpu_id> unless SGLANG_USE_CPU_ENGINE=1 (base_processor.py
-    _fast_image_processor_device), whatever --device says."""
+    YOCO on and off, and the image changes the output. The fast (torchvision) image
+    processor stays on CPU with --device cpu (patch 0013; stock put it on cuda:N)."""
     from PIL import Image
     from transformers import AutoProcessor
 
@@ -237,7 +234,7 @@ def test_multimodal_served_from_text_and_image(mm_ckpt, tmp_path, monkeypatch):
     results = {}
     for on in (False, True):
         eng = start_engine(mm_ckpt, load_format="dummy", skip_tokenizer_init=False,
-                           kv_sharing_fast_prefill=on, disable_fast_image_processor=True)
+                           kv_sharing_fast_prefill=on)
         try:
             outs = [eng.generate(prompt=text_prompt, sampling_params=greedy)]
             outs += [eng.generate(prompt=image_prompt, image_data=img, sampling_params=greedy)
