@@ -7,6 +7,10 @@
 #   bash benchmark/yoco_gemma4/device_session.sh A   # parity + MTP parity | prefill sweep E4B, E2B
 #   bash benchmark/yoco_gemma4/device_session.sh B   # served E4B          | MTP parity, served under MTP
 #   bash benchmark/yoco_gemma4/device_session.sh P   # which forwards run YOCO under MTP (debug log)
+# Still to run (next-gpu-session.md), one GPU each, alone on the machine for timing:
+#   D  served under MTP, YOCO off and on (summ, chat)
+#   E  concurrency sweep, YOCO off and on
+#   F  short prompts on a quiet machine, eager and with the off side's default prefill graph
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
 # Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
@@ -51,6 +55,22 @@ C)
     --max-new 16 > $res/parity_tp2.log 2>&1
   gpu 0,1 timeout 230 python3 $B/prefill_bench.py $res/prefill_e4b_tp2.json --variant e4b --tp 2 \
     --points 1024x8,8000x8,32000x1 > $res/prefill_tp2.log 2>&1
+  ;;
+D)
+  gpu 0 timeout 560 python3 $B/run.py $res/serve_e4b_mtp --variant e4b --skip-prefill --mtp \
+    --workloads summ,chat > $res/serve_e4b_mtp.log 2>&1
+  ;;
+E)
+  gpu 0 timeout 560 python3 $B/run.py $res/serve_e4b_conc --variant e4b --skip-prefill \
+    --workloads chat-c1,chat-c8,chat-c32,chat-c80 > $res/serve_e4b_conc.log 2>&1
+  ;;
+F)
+  for v in e4b e2b; do
+    gpu 0 timeout 130 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
+      --points 64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1 --repeats 5 > $res/prefill_${v}_short.log 2>&1
+  done
+  gpu 0 timeout 300 python3 $B/prefill_bench.py $res/prefill_e4b_graphs.json --variant e4b --serving-graphs \
+    --points 64x8,256x8,1024x8,8000x8 --repeats 5 > $res/prefill_e4b_graphs.log 2>&1
   ;;
 esac
 find "$res" -name "ckpt-*" -prune -o -type f -print | sed "s|$res/||" | sort > $res/files.txt

@@ -1,10 +1,13 @@
 """Prefill microbenchmark: YOCO off vs on vs the ceiling (front layers only), same GPU, one run.
 
-    python prefill_bench.py OUT.json [--variant e4b] [--points 8000x8,1024x8,...]
+    python prefill_bench.py OUT.json [--variant e4b] [--points 8000x8,1024x8,...] [--serving-graphs]
 
 Each mode gets its own Engine (the flag is per server). Times Engine.generate with
-max_new_tokens=1 (one prefill pass per batch), radix cache off, eager prefill,
-after a warm-up; median of --repeats. Prints RESULT lines and writes raw JSON.
+max_new_tokens=1 (one prefill pass per batch), radix cache off, after a warm-up;
+median of --repeats. Prints RESULT lines and writes raw JSON. Prefill is eager in
+every mode, unless --serving-graphs: off and the ceiling then keep SGLang's default
+prefill CUDA graph (text-only Gemma4ForCausalLM captures one), as a server would run
+them, while YOCO on stays eager (the flag turns the prefill graph off).
 """
 
 import argparse
@@ -20,16 +23,17 @@ from checkpoints import ceiling_variant, engine_kwargs, text_config, write_text_
 DEFAULT_POINTS = "64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1,2048x8,4096x1,4096x8,8000x1,8000x8,16000x1,16000x8,32000x1"
 
 
-def sweep(mode, model_dir, points, repeats, tp, vocab):
+def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False):
     import torch
     import sglang as sgl
 
+    graph = {"disable_prefill_cuda_graph": False} if serving_graphs and mode != "on" else {}
     eng = sgl.Engine(
         model_path=model_dir,
         kv_sharing_fast_prefill=(mode == "on"),
         disable_radix_cache=True,
         tp_size=tp,
-        **engine_kwargs(),
+        **engine_kwargs(**graph),
     )
     g = torch.Generator().manual_seed(0)
     ids = lambda n, L: [torch.randint(10, min(200000, vocab), (L,), generator=g).tolist() for _ in range(n)]
@@ -60,6 +64,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default="off,on,ceiling")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--serving-graphs", action="store_true",
+                    help="off/ceiling keep the default prefill CUDA graph (YOCO on cannot use one)")
     a = ap.parse_args()
     points = [tuple(int(x) for x in p.split("x")) for p in a.points.split(",")]
     root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
@@ -71,7 +77,8 @@ def main():
         if mode == "ceiling" and ceiling is None:
             continue
         print(f"== mode {mode}", flush=True)
-        results += sweep(mode, ceiling if mode == "ceiling" else full, points, a.repeats, a.tp, text_config(a.variant)["vocab_size"])
+        results += sweep(mode, ceiling if mode == "ceiling" else full, points, a.repeats, a.tp,
+                         text_config(a.variant)["vocab_size"], a.serving_graphs)
     by = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in results}
     table = []
     for L, n in points:
@@ -86,7 +93,8 @@ def main():
         table.append(row)
         print("ROW", json.dumps(row), flush=True)
     with open(a.out, "w") as f:
-        json.dump({"variant": a.variant, "results": results, "table": table}, f, indent=1)
+        json.dump({"variant": a.variant, "serving_graphs": a.serving_graphs, "results": results, "table": table},
+                  f, indent=1)
 
 
 if __name__ == "__main__":
