@@ -19,20 +19,18 @@ must be in the repo on the GPU machine (../shared does not travel): copy
 
 import argparse
 import copy
-import glob
-import gzip
 import json
 import os
 import statistics
 import sys
 import time
-from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 YOCO = os.path.join(HERE, "..", "yoco_gemma4")
 sys.path.insert(0, YOCO)
 from checkpoints import engine_kwargs, mtp_kwargs, write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import SPECIAL_TOKENS, make_checkpoint, write_tokenizer  # noqa: E402
+from trace_summary import print_summary, profile_engine  # noqa: E402
 
 CFG_31B = "gemma-4-31B-it.text_config.json"
 CANDIDATES = [os.path.join(YOCO, "configs", CFG_31B), os.path.join(HERE, "..", "..", "shared", "models", CFG_31B),
@@ -113,43 +111,13 @@ def point(eng, gen, mode, B, L, a, vocab):
 
 
 def profile(eng, gen, mode, B, L, a, vocab, out_dir):
-    pdir = os.path.join(out_dir, f"profile-{mode}-{B}x{L}")
-    os.makedirs(pdir, exist_ok=True)
     run(eng, gen, B, L, a.short, vocab)
     # num_steps counts scheduler forwards: 1 prefill + decode steps; stops by itself.
-    eng.start_profile(output_dir=pdir, num_steps=a.profile_steps, activities=["CPU", "GPU"], record_shapes=False)
-    run(eng, gen, B, L, a.profile_steps + 8, vocab)
-    files = []
-    for _ in range(120):  # the trace is written asynchronously by the scheduler
-        files = glob.glob(os.path.join(pdir, "**", "*.trace.json*"), recursive=True)
-        if files:
-            time.sleep(5)
-            break
-        time.sleep(1)
-    if not files:
-        print(f"PROFILE {mode} {B}x{L}: no trace in {pdir}", flush=True)
-        return
-    path = max(files, key=os.path.getmtime)
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    kern, spans = defaultdict(lambda: [0.0, 0]), defaultdict(lambda: [0.0, 0])
-    for e in events:
-        if e.get("ph") != "X":
-            continue
-        bucket = kern if e.get("cat") == "kernel" else spans if e.get("cat") in ("user_annotation", "gpu_user_annotation") else None
-        if bucket is not None:
-            bucket[(e.get("cat"), e["name"][:110])][0] += e.get("dur", 0.0)
-            bucket[(e.get("cat"), e["name"][:110])][1] += 1
-    total = sum(v[0] for v in kern.values()) or 1.0
-    print(f"PROFILE {mode} {B}x{L} trace={path} kernel_total_ms={total / 1000:.2f}", flush=True)
-    top = sorted(kern.items(), key=lambda kv: -kv[1][0])[: a.top]
-    for (_, name), (us, n) in top:
-        print(f"  {us / 1000:9.3f} ms {100 * us / total:5.1f}% n={n:6d} {name}")
-    for (cat, name), (us, n) in sorted(spans.items(), key=lambda kv: -kv[1][0])[: a.top]:
-        print(f"  span {cat[:8]:8s} {us / 1000:9.3f} ms n={n:5d} {name}")
-    print("PROFILE_JSON " + json.dumps({"mode": mode, "batch": B, "context": L, "trace": path,
-                                        "top": [[k[1], v[0], v[1]] for k, v in top]}), flush=True)
+    s = profile_engine(eng, os.path.join(out_dir, f"profile-{mode}-{B}x{L}"),
+                       lambda: run(eng, gen, B, L, a.profile_steps + 8, vocab),
+                       num_steps=a.profile_steps, top=a.top)
+    print_summary(f"{mode} {B}x{L}", s, a.top)
+    print("PROFILE_JSON " + json.dumps({"mode": mode, "batch": B, "context": L, **s}), flush=True)
 
 
 def main():

@@ -67,7 +67,8 @@ E)
 F)
   for v in e4b e2b; do
     gpu 0 timeout 130 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
-      --points 64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1 --repeats 5 > $res/prefill_${v}_short.log 2>&1
+      --points 64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1 --repeats 5 --profile-point 64x8 \
+      > $res/prefill_${v}_short.log 2>&1
   done
   gpu 0 timeout 300 python3 $B/prefill_bench.py $res/prefill_e4b_graphs.json --variant e4b --serving-graphs \
     --points 64x8,256x8,1024x8,8000x8 --repeats 5 > $res/prefill_e4b_graphs.log 2>&1

@@ -1,6 +1,7 @@
 """Prefill microbenchmark: YOCO off vs on vs the ceiling (front layers only), same GPU, one run.
 
     python prefill_bench.py OUT.json [--variant e4b] [--points 8000x8,1024x8,...] [--serving-graphs]
+        [--profile-point 64x8]
 
 Each mode gets its own Engine (the flag is per server). Times Engine.generate with
 max_new_tokens=1 (one prefill pass per batch), radix cache off, after a warm-up;
@@ -8,6 +9,9 @@ median of --repeats. Prints RESULT lines and writes raw JSON. Prefill is eager i
 every mode, unless --serving-graphs: off and the ceiling then keep SGLang's default
 prefill CUDA graph (text-only Gemma4ForCausalLM captures one), as a server would run
 them, while YOCO on stays eager (the flag turns the prefill graph off).
+--profile-point LxN: after the timings, each mode profiles one prefill of that shape
+(torch profiler in the scheduler; trace_summary.py): GPU kernel time, kernels
+launched by the host, top CPU ops. PROFILE lines on stdout, summaries in the JSON.
 """
 
 import argparse
@@ -23,7 +27,7 @@ from checkpoints import ceiling_variant, engine_kwargs, text_config, write_text_
 DEFAULT_POINTS = "64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1,2048x8,4096x1,4096x8,8000x1,8000x8,16000x1,16000x8,32000x1"
 
 
-def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False):
+def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, profile_point=None, profile_dir=None):
     import torch
     import sglang as sgl
 
@@ -52,6 +56,15 @@ def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False):
         rec = {"mode": mode, "len": L, "batch": n, "median_s": med, "times_s": ts, "tok_s": L * n / med}
         print(f"RESULT {json.dumps(rec)}", flush=True)
         out.append(rec)
+    if profile_point:
+        from trace_summary import print_summary, profile_engine
+
+        L, n = profile_point
+        batch = ids(n, L)
+        s = profile_engine(eng, f"{profile_dir}/profile-{mode}-{L}x{n}",
+                           lambda: eng.generate(input_ids=batch, sampling_params=sp), num_steps=1)
+        print_summary(f"{mode} {L}x{n}", s)
+        out.append({"mode": mode, "len": L, "batch": n, "profile": s})
     eng.shutdown()
     return out
 
@@ -64,10 +77,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default="off,on,ceiling")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--profile-point", default="", help="LxN: profile one prefill of that shape per mode")
     ap.add_argument("--serving-graphs", action="store_true",
                     help="off/ceiling keep the default prefill CUDA graph (YOCO on cannot use one)")
     a = ap.parse_args()
     points = [tuple(int(x) for x in p.split("x")) for p in a.points.split(",")]
+    profile = tuple(int(x) for x in a.profile_point.split("x")) if a.profile_point else None
     root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
     full = write_text_checkpoint(f"{root}/{a.variant}", a.variant)
     cv = ceiling_variant(a.variant)
@@ -78,8 +93,9 @@ def main():
             continue
         print(f"== mode {mode}", flush=True)
         results += sweep(mode, ceiling if mode == "ceiling" else full, points, a.repeats, a.tp,
-                         text_config(a.variant)["vocab_size"], a.serving_graphs)
-    by = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in results}
+                         text_config(a.variant)["vocab_size"], a.serving_graphs, profile,
+                         os.path.dirname(os.path.abspath(a.out)))
+    by = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in results if "median_s" in r}
     table = []
     for L, n in points:
         off, on, ce = by.get(("off", L, n)), by.get(("on", L, n)), by.get(("ceiling", L, n))

@@ -1,0 +1,91 @@
+"""Profile a few scheduler forwards of a running sglang.Engine and summarise the trace.
+
+    summary = profile_engine(eng, out_dir, run_fn, num_steps=1)
+
+`run_fn()` sends the requests to profile; `num_steps` counts scheduler forwards (the
+profiler stops by itself). The summary says where the time goes on both sides:
+GPU kernels (total, top by time), the host (CPU ops by total time, how many kernels
+the host launched) and the annotated spans. For short prefills that are launch-bound,
+the launch count and host time are the numbers to compare between two modes.
+"""
+
+import glob
+import gzip
+import json
+import os
+import time
+from collections import defaultdict
+
+# CUDA runtime/driver calls that launch one kernel each.
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+
+
+def _wait_for_trace(out_dir, timeout_s=120):
+    """The scheduler writes the trace asynchronously after the last profiled step."""
+    for _ in range(timeout_s):
+        files = glob.glob(os.path.join(out_dir, "**", "*.trace.json*"), recursive=True)
+        if files:
+            time.sleep(3)  # let the writer finish
+            return max(files, key=os.path.getmtime)
+        time.sleep(1)
+    return None
+
+
+def summarize(path, top=25):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    buckets = {"kernel": defaultdict(lambda: [0.0, 0]), "cpu_op": defaultdict(lambda: [0.0, 0]),
+               "span": defaultdict(lambda: [0.0, 0])}
+    launches = 0
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat, name, dur = e.get("cat", ""), e.get("name", "")[:110], e.get("dur", 0.0)
+        if cat == "kernel":
+            key = "kernel"
+        elif cat == "cpu_op":
+            key = "cpu_op"
+        elif cat in ("user_annotation", "gpu_user_annotation"):
+            key = "span"
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            launches += name.startswith(LAUNCH_CALLS)
+            continue
+        else:
+            continue
+        buckets[key][name][0] += dur
+        buckets[key][name][1] += 1
+
+    def ranked(b):
+        return [[n, round(us / 1000, 3), c] for n, (us, c) in sorted(b.items(), key=lambda kv: -kv[1][0])[:top]]
+
+    return {
+        "trace": path,
+        "kernel_ms": round(sum(v[0] for v in buckets["kernel"].values()) / 1000, 3),
+        "kernels": sum(v[1] for v in buckets["kernel"].values()),
+        "launches": launches,
+        "cpu_ops": sum(v[1] for v in buckets["cpu_op"].values()),
+        "top_kernels": ranked(buckets["kernel"]),
+        "top_cpu_ops": ranked(buckets["cpu_op"]),
+        "spans": ranked(buckets["span"]),
+    }
+
+
+def profile_engine(eng, out_dir, run_fn, num_steps=1, activities=("CPU", "GPU"), top=25):
+    """Profile the next `num_steps` scheduler forwards, driven by `run_fn()`."""
+    os.makedirs(out_dir, exist_ok=True)
+    eng.start_profile(output_dir=out_dir, num_steps=num_steps, activities=list(activities), record_shapes=False)
+    run_fn()
+    path = _wait_for_trace(out_dir)
+    return summarize(path, top) if path else {"trace": None}
+
+
+def print_summary(tag, s, top=15):
+    if not s.get("trace"):
+        print(f"PROFILE {tag}: no trace written", flush=True)
+        return
+    print(f"PROFILE {tag}: kernels {s['kernels']} ({s['kernel_ms']} ms on the GPU), "
+          f"launches {s['launches']}, CPU ops {s['cpu_ops']}, trace {s['trace']}", flush=True)
+    for title, rows in (("kernel", s["top_kernels"]), ("cpu op", s["top_cpu_ops"]), ("span", s["spans"])):
+        for name, ms, n in rows[:top]:
+            print(f"  {title:6s} {ms:9.3f} ms n={n:6d} {name}", flush=True)
