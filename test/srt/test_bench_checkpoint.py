@@ -252,3 +252,31 @@ def test_multimodal_served_from_text_and_image(mm_ckpt, tmp_path, monkeypatch):
     assert img0_out["meta_info"]["completion_tokens"] == 8
     assert img0_out["text"] != img1_out["text"]  # the vision tower's output is used
     assert [o["text"] for o in results[True]] == [o["text"] for o in results[False]]
+
+
+def test_trace_summary_counts_kernels_launches_and_host_ops(tmp_path):
+    """The profile summary the benchmarks print (trace_summary.py) on a small
+    Chrome trace as the torch profiler writes it."""
+    import gzip
+    import json
+
+    from trace_summary import summarize
+
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 300.0},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 100.0},
+        {"ph": "X", "cat": "kernel", "name": "attn", "dur": 600.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 5.0},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "dur": 5.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "dur": 9.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 40.0},
+        {"ph": "X", "cat": "user_annotation", "name": "forward", "dur": 2000.0},
+        {"ph": "i", "cat": "kernel", "name": "instant, not a span", "dur": 1e9},
+    ]
+    path = tmp_path / "x.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    s = summarize(str(path))
+    assert (s["kernels"], s["kernel_ms"], s["launches"], s["cpu_ops"]) == (3, 1.0, 2, 1)
+    assert s["top_kernels"] == [["attn", 0.6, 1], ["gemm", 0.4, 2]]
+    assert s["spans"] == [["forward", 2.0, 1]]
