@@ -2,6 +2,7 @@
 
     python benchmark/yoco_gemma4/run.py OUTDIR [--variant e4b] [--quick]
         [--skip-prefill] [--skip-serving] [--tp 1] [--mtp] [--workloads summ,chat] [--port 30000]
+        [--multimodal]
     python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
 
 1. Prefill (engine level, prefill_bench.py): lengths 64 .. 32k at batch 1 and 8, YOCO
@@ -12,6 +13,8 @@
    median / p99 TTFT, median TPOT.
    --mtp serves both modes with FROZEN_KV_MTP (E4B assistant drafter, steps 3, topk 1,
    4 draft tokens) at SGLANG_SIMULATE_ACC_LEN=2.1, the original study's accept length.
+   --multimodal serves the released layout (Gemma4ForConditionalGeneration with vision
+   and audio towers, make_checkpoint.py --multimodal) instead of the text-only one.
 Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
 OUTDIR/speedup.png and OUTDIR/ttft.png. Progress lines go to stdout.
 Checkpoints: make_checkpoint.py (real config, synthetic tokenizer), weights from
@@ -106,8 +109,8 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl):
             "max_concurrency": conc, **{k: m.get(k) for k in keep}}
 
 
-def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000):
-    model = make_checkpoint(f"{out}/ckpt-{variant}", variant)
+def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, multimodal=False):
+    model = make_checkpoint(f"{out}/ckpt-{variant}{'-mm' if multimodal else ''}", variant, multimodal)
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
     draft = None
     if mtp:
@@ -147,7 +150,8 @@ def report(out):
     with open(f"{out}/results.json") as f:
         data = json.load(f)
     mtp = " under FROZEN_KV_MTP, accept length " + MTP_ACCEPT_LEN if data.get("mtp") else ""
-    lines = [f"# YOCO off vs on ({data['variant']}{mtp}, TP={data.get('tp', 1)}, one run)", ""]
+    layout = ", Gemma4ForConditionalGeneration" if data.get("multimodal") else ""
+    lines = [f"# YOCO off vs on ({data['variant']}{layout}{mtp}, TP={data.get('tp', 1)}, one run)", ""]
     pre = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in data.get("prefill", [])}
     if pre:
         lines += ["| input x batch | off (ms) | on (ms) | ceiling (ms) | speed-up | ceiling | share |",
@@ -224,15 +228,16 @@ def main():
     ap.add_argument("--mtp", action="store_true", help="serve with FROZEN_KV_MTP (both modes)")
     ap.add_argument("--workloads", default="", help="comma list of served workloads (default: all)")
     ap.add_argument("--port", type=int, default=30000, help="servers use PORT (off) and PORT+1 (on)")
+    ap.add_argument("--multimodal", action="store_true", help="serve the Gemma4ForConditionalGeneration layout")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if not a.report_only:
-        data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "multimodal": a.multimodal, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         if not a.skip_prefill:
             data["prefill"] = run_prefill(a.out, a.variant, a.quick, a.tp)
         if not a.skip_serving:
             only = [w for w in a.workloads.split(",") if w]
-            data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp, a.mtp, only, a.port)
+            data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp, a.mtp, only, a.port, a.multimodal)
         with open(f"{a.out}/results.json", "w") as f:
             json.dump(data, f, indent=1)
     report(a.out)
