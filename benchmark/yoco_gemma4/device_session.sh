@@ -11,6 +11,7 @@
 #   D  served under MTP, YOCO off and on (summ, chat)
 #   E  concurrency sweep, YOCO off and on
 #   F  short prompts on a quiet machine, eager and with the off side's default prefill graph
+#   G  parity under --enable-deterministic-inference (batch-invariant kernels in both modes)
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
 # Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
@@ -72,6 +73,10 @@ F)
   done
   gpu 0 timeout 300 python3 $B/prefill_bench.py $res/prefill_e4b_graphs.json --variant e4b --serving-graphs \
     --points 64x8,256x8,1024x8,8000x8 --repeats 5 > $res/prefill_e4b_graphs.log 2>&1
+  ;;
+G)
+  gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 120 \
+    --max-new 16 --extra '{"enable_deterministic_inference": true}' > $res/parity_deterministic.log 2>&1
   ;;
 esac
 find "$res" -name "ckpt-*" -prune -o -type f -print | sed "s|$res/||" | sort > $res/files.txt

@@ -1,6 +1,7 @@
 """Greedy parity, YOCO off vs on, on one GPU in one run.
 
     python parity_check.py OUT.json [--variant e4b] [--prompts 240] [--max-len 16000] [--tp 1]
+        [--extra '{"enable_deterministic_inference": true}']
 
 Prompts: lengths log-uniform in [1, max-len], a third of them sharing long
 prefixes (radix cache on, so prefix hits happen), sent in randomly sized batches.
@@ -50,11 +51,11 @@ def batches(n, seed):
     return out
 
 
-def run(model_dir, yoco, prompts, mixes, max_new, tp=1):
+def run(model_dir, yoco, prompts, mixes, max_new, tp=1, extra=None):
     import sglang as sgl
 
     eng = sgl.Engine(model_path=model_dir, kv_sharing_fast_prefill=yoco, cuda_graph_max_bs_decode=32, tp_size=tp,
-                     **engine_kwargs())
+                     **engine_kwargs(**(extra or {})))
     results = []
     for mix in mixes:
         res = [None] * len(prompts)
@@ -101,12 +102,14 @@ def main():
     ap.add_argument("--max-len", type=int, default=16000)
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--extra", default="{}", help="JSON of engine kwargs for every run, e.g. deterministic inference")
     a = ap.parse_args()
+    extra = json.loads(a.extra)
     model = write_text_checkpoint(os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt") + f"/{a.variant}", a.variant)
     prompts = make_prompts(a.prompts, a.max_len, text_config(a.variant)["vocab_size"])
     mix_a, mix_b = batches(len(prompts), 1), batches(len(prompts), 2)
-    off_a, off_b = run(model, False, prompts, [mix_a, mix_b], a.max_new, a.tp)
-    (on_a,) = run(model, True, prompts, [mix_a], a.max_new, a.tp)
+    off_a, off_b = run(model, False, prompts, [mix_a, mix_b], a.max_new, a.tp, extra)
+    (on_a,) = run(model, True, prompts, [mix_a], a.max_new, a.tp, extra)
     same = sum(x["ids"] == y["ids"] for x, y in zip(off_a, on_a))
     same_off = sum(x["ids"] == y["ids"] for x, y in zip(off_a, off_b))
     d_on = diff_stats(off_a, on_a)
@@ -115,6 +118,7 @@ def main():
     summary = {
         "variant": a.variant,
         "tp": a.tp,
+        "extra_engine_kwargs": extra,
         "prompts": len(prompts),
         "prompt_len_min": min(map(len, prompts)),
         "prompt_len_max": max(map(len, prompts)),
