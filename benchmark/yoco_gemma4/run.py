@@ -16,7 +16,8 @@
    --multimodal serves the released layout (Gemma4ForConditionalGeneration with vision
    and audio towers, make_checkpoint.py --multimodal) instead of the text-only one.
 Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
-OUTDIR/speedup.png and OUTDIR/ttft.png. Progress lines go to stdout.
+OUTDIR/speedup.png, OUTDIR/ttft.png (median TTFT per workload) and OUTDIR/ttft_cdf.png
+(TTFT distributions, off vs on). Progress lines go to stdout.
 Checkpoints: make_checkpoint.py (real config, synthetic tokenizer), weights from
 `--load-format dummy` with SGLANG_DUMMY_WEIGHTS_AT_SCALE=1.
 """
@@ -99,14 +100,16 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl):
         "--host", "127.0.0.1", "--port", str(port), "--model", model, "--tokenizer", model,
         "--dataset-name", "random-ids", "--random-input-len", str(inp),
         "--random-output-len", str(outp), "--random-range-ratio", "1.0",
-        "--num-prompts", str(prompts), "--seed", "0", "--output-file", jsonl,
+        "--num-prompts", str(prompts), "--seed", "0", "--output-file", jsonl, "--output-details",
     ] + (["--max-concurrency", str(conc)] if conc else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(jsonl) as f:
         m = json.loads(f.readlines()[-1])
     keep = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_ttft_ms")
     return {"workload": name, "input_len": inp, "output_len": outp, "num_prompts": prompts,
-            "max_concurrency": conc, **{k: m.get(k) for k in keep}}
+            "max_concurrency": conc, **{k: m.get(k) for k in keep},
+            # for the TTFT distribution plot; a failed request has ttft 0 (counted in "completed")
+            "ttfts_ms": sorted(1000 * t for t in m.get("ttfts") or [] if t > 0), "completed": m.get("completed")}
 
 
 def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, multimodal=False):
@@ -135,7 +138,7 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
                 log(f"serving: YOCO {mode}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
                 r = _bench(model, port, name, inp, outp, n, conc, f"{out}/serving_{mode}.jsonl")
                 r["mode"] = mode
-                log("  " + json.dumps(r))
+                log("  " + json.dumps({k: v for k, v in r.items() if k != "ttfts_ms"}))
                 res.append(r)
         finally:
             proc.terminate()
@@ -173,7 +176,8 @@ def report(out):
             for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms"):
                 a, b = by.get(("off", w), {}).get(k), by.get(("on", w), {}).get(k)
                 ch = f"{(b / a - 1):+.1%}" if a and b else "-"
-                lines.append(f"| {w} | {k} | {a:.1f} | {b:.1f} | {ch} |" if a and b else f"| {w} | {k} | {a} | {b} | - |")
+                fa, fb = (f"{v:.1f}" if v is not None else "not run" for v in (a, b))
+                lines.append(f"| {w} | {k} | {fa} | {fb} | {ch} |")
     with open(f"{out}/results.md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -194,8 +198,9 @@ def _plots(out, pre, srv):
         for n in sorted({k[2] for k in pre}):
             Ls = sorted(L for (m, L, b) in pre if m == "on" and b == n)
             ax.plot(Ls, [pre[("off", L, n)] / pre[("on", L, n)] for L in Ls], "o-", label=f"YOCO, batch {n}")
-            if all(("ceiling", L, n) in pre for L in Ls):
-                ax.plot(Ls, [pre[("off", L, n)] / pre[("ceiling", L, n)] for L in Ls], "--", label=f"ceiling, batch {n}")
+            Lc = [L for L in Ls if ("ceiling", L, n) in pre]  # a point may be missing
+            if Lc:
+                ax.plot(Lc, [pre[("off", L, n)] / pre[("ceiling", L, n)] for L in Lc], "--", label=f"ceiling, batch {n}")
         ax.set_xscale("log")
         ax.set_xlabel("input tokens")
         ax.set_ylabel("prefill speed-up (off / on)")
@@ -203,6 +208,21 @@ def _plots(out, pre, srv):
         ax.legend()
         fig.tight_layout()
         fig.savefig(f"{out}/speedup.png", dpi=120)
+    dist = [w for w in dict.fromkeys(r["workload"] for r in srv)
+            if all(r.get("ttfts_ms") for r in srv if r["workload"] == w) and
+            {r["mode"] for r in srv if r["workload"] == w} == {"off", "on"}]
+    if dist:  # TTFT distributions (empirical CDF), YOCO off vs on, per workload
+        fig, axes = plt.subplots(1, len(dist), figsize=(4 * len(dist), 3.5), squeeze=False)
+        for ax, w in zip(axes[0], dist):
+            for r in (r for r in srv if r["workload"] == w):
+                t = r["ttfts_ms"]
+                ax.plot(t, [(i + 1) / len(t) for i in range(len(t))], drawstyle="steps-post", label=f"YOCO {r['mode']}")
+            ax.set_title(w)
+            ax.set_xlabel("TTFT (ms)")
+            ax.set_ylabel("fraction of requests")
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(f"{out}/ttft_cdf.png", dpi=120)
     if srv:
         fig, ax = plt.subplots(figsize=(6, 4))
         ws = list(dict.fromkeys(r["workload"] for r in srv))
