@@ -1,8 +1,26 @@
 import os
 import sys
 
+import pytest
+
 # Tests import helpers (tiny_gemma4) that live next to them.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # CPU reference path: never pick a GPU, keep CPU threads predictable.
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """The seeded tiny Gemma-4 (tiny_gemma4.py), written once for every test file."""
+    from tiny_gemma4 import make_tiny_gemma4
+
+    return make_tiny_gemma4(str(tmp_path_factory.mktemp("tiny_gemma4")), seed=0)
+
+
+@pytest.fixture(scope="session")
+def hf(model_dir):
+    """Hugging Face transformers' reference run of that model."""
+    from cpu_engine import HFReference
+
+    return HFReference(model_dir)

@@ -11,14 +11,13 @@ import random
 import pytest
 
 from cpu_engine import (
-    HFReference,
     assert_same_greedy,
     decisive_prompts,
     engine_greedy,
     greedy_of,
     start_engine,
 )
-from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
+from tiny_gemma4 import TINY_TEXT_CONFIG
 
 MAX_NEW = 6
 
@@ -37,16 +36,6 @@ def _prompts():
         rand(1),
         rand(130),
     ]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_gemma4(str(tmp_path_factory.mktemp("tiny_gemma4")), seed=0)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    return HFReference(model_dir)
 
 
 @pytest.fixture(scope="module")

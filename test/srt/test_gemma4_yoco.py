@@ -579,20 +579,6 @@ def test_trtllm_metadata_restored_when_the_back_half_raises():
 MAX_NEW = 5
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from tiny_gemma4 import make_tiny_gemma4
-
-    return make_tiny_gemma4(str(tmp_path_factory.mktemp("tiny_gemma4_yoco")), seed=0)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    from cpu_engine import HFReference
-
-    return HFReference(model_dir)
-
-
 def _prompts(seed, n):
     rng = random.Random(seed)
     shared = [rng.randrange(3, 512) for _ in range(48)]
