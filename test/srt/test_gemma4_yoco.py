@@ -327,6 +327,62 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     assert_same_state(be, before)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    window=st.sampled_from([3, 15, 63, 400]),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6
+    ),
+)
+def test_deterministic_triton_back_half_is_an_extend_with_the_full_pass_key_layout(
+    window, reqs
+):
+    be = make_triton_backend(window)
+    be.enable_deterministic = True
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    ext = [e + 1 for e, _ in reqs]  # > 1 new token, so the plan fires
+    pre = [p for _, p in reqs]
+    fb = make_batch(ext, pre)
+    be.forward_metadata = object()
+    before = backend_state(be)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(yoco, "get_attn_backend", lambda: be)
+        plan = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    assert_same_state(be, before)
+    back, meta = plan.batch, plan.back_attrs["forward_metadata"]
+    seq = [p + e for p, e in zip(pre, ext)]
+    n = len(seq)
+    assert back.forward_mode == ForwardMode.EXTEND and back.batch_size == n
+    assert back.extend_seq_lens.tolist() == [1] * n == back.extend_seq_lens_cpu
+    assert back.extend_prefix_lens.tolist() == [s - 1 for s in seq] == back.extend_prefix_lens_cpu
+    assert back.extend_start_loc.tolist() == list(range(n))
+    assert meta.qo_indptr.tolist() == list(range(n + 1)) and meta.max_extend_len == 1
+    rows = [be.req_to_token[i + 1] for i in range(n)]
+    # full-attention layers: every cached key before the token, from key 0
+    assert meta.kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(seq) - 1, 0).tolist()
+    assert torch.equal(meta.kv_indices, torch.cat([r[: s - 1] for r, s in zip(rows, seq)]))
+    # sliding layers: the cached keys before the token, from where the full
+    # pass's window started (its prefix minus up to W keys), not the last W
+    start = [p - min(p, window) for p in pre]
+    w = [s - 1 - b for s, b in zip(seq, start)]
+    assert meta.window_kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(w), 0).tolist()
+    expect = torch.cat([r[b : s - 1] for r, s, b in zip(rows, seq, start)])
+    assert torch.equal(meta.window_kv_indices, be.token_to_kv_pool.translate_loc_from_full_to_swa(expect))
+    assert meta.window_kv_offsets.tolist() == start
+    with yoco.back_half_attention(be, plan.back_attrs):
+        assert be.forward_metadata is meta
+    assert_same_state(be, before)
+
+
+def test_default_triton_back_half_stays_a_decode_step(monkeypatch):
+    be = make_triton_backend(15)
+    monkeypatch.setattr(yoco, "get_attn_backend", lambda: be)
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    plan = yoco.plan_fast_prefill(make_batch([9, 30], [0, 4]), FIRST_SHARED)
+    assert plan.batch.forward_mode == ForwardMode.DECODE
+
+
 def test_triton_metadata_restored_when_the_back_half_raises():
     be = make_triton_backend(15)
     triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
@@ -366,6 +422,7 @@ def _plan_all(fb):
         req_index=torch.tensor(reqs),
         num_reqs=len(reqs),
         seq_lens_cpu=fb.seq_lens_cpu.tolist(),
+        prefix_lens_cpu=list(fb.extend_prefix_lens_cpu),
     )
 
 

@@ -15,6 +15,10 @@ nothing else is cached). So the back half runs on one token per request:
      index buffers, before the front half is launched. ``back_half_attention``
      swaps it in for the KV-shared layers only; the pass's own metadata and
      buffers are never written, so they are intact afterwards.
+     Under --enable-deterministic-inference (triton) the back half is shaped as
+     an extend of one token per request instead, with the full pass's key
+     layout, so it rounds exactly as the full pass does (see
+     ``_extend_shaped_back_half``).
   3. The model scatters the rows back, so the final norm, LogitsProcessor and
      LAST hidden capture see exactly what the full computation produces there.
 
@@ -76,6 +80,8 @@ class FastPrefillPlan:
     num_reqs: int
     # Host copies, so building the back-half batch never syncs the device.
     seq_lens_cpu: List[int]
+    # The pass's cached prefix of each kept request (where its keys start).
+    prefix_lens_cpu: List[int]
     # The back-half batch (decode-shaped) and its attention metadata, built
     # before the front half is launched.
     batch: Optional[ForwardBatch] = None
@@ -181,24 +187,46 @@ def plan_fast_prefill(
         req_index=torch.tensor(reqs, dtype=torch.int64).to(device, non_blocking=True),
         num_reqs=len(reqs),
         seq_lens_cpu=[seq_cpu[i] for i in reqs],
+        prefix_lens_cpu=[forward_batch.extend_prefix_lens_cpu[i] for i in reqs],
     )
     if plan.num_reqs > 0:
-        plan.batch = make_back_half_batch(forward_batch, plan)
-        plan.back_attrs = build_back_half_metadata(get_attn_backend(), plan.batch)
+        backend = get_attn_backend()
+        plan.batch = make_back_half_batch(
+            forward_batch, plan, extend_shaped=_extend_shaped_back_half(backend)
+        )
+        plan.back_attrs = build_back_half_metadata(
+            backend, plan.batch, plan.prefix_lens_cpu
+        )
     return plan
 
 
+def _extend_shaped_back_half(backend) -> bool:
+    """Deterministic inference makes prefill batch-invariant: GEMMs whose rows do
+    not depend on the row count, and triton's unified 1-stage extend kernel,
+    which walks each query's keys in fixed blocks from the start of its key
+    list. The back half reproduces the full pass bit for bit there only if it
+    runs that same kernel over the same key list; a decode step (split-KV
+    kernel) would round differently."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    return isinstance(backend, TritonAttnBackend) and bool(
+        getattr(backend, "enable_deterministic", False)
+    )
+
+
 def make_back_half_batch(
-    forward_batch: ForwardBatch, plan: FastPrefillPlan
+    forward_batch: ForwardBatch, plan: FastPrefillPlan, extend_shaped: bool = False
 ) -> ForwardBatch:
     """A shallow copy of the batch shaped as one decode step per kept request.
 
     The back half attends from each request's last token over its whole
     sequence, already cached by the front half: exactly a decode step with no
-    KV write, so decode metadata (split-KV kernels) serves it."""
+    KV write, so decode metadata (split-KV kernels) serves it. With
+    ``extend_shaped``, an extend of that one token over a cached prefix of
+    seq_len - 1 instead (same attention, extend kernels)."""
     ridx, rows = plan.req_index, plan.token_index
     fb = copy.copy(forward_batch)
-    fb.forward_mode = ForwardMode.DECODE
+    fb.forward_mode = ForwardMode.EXTEND if extend_shaped else ForwardMode.DECODE
     fb.batch_size = plan.num_reqs
     fb.req_pool_indices = forward_batch.req_pool_indices.index_select(0, ridx)
     fb.seq_lens = forward_batch.seq_lens.index_select(0, ridx)
@@ -217,39 +245,67 @@ def make_back_half_batch(
     fb.spec_info = None
     fb.return_logprob = False
     fb._attn_output = None  # sized for the full pass
+    if extend_shaped:
+        n = plan.num_reqs
+        lens = forward_batch.extend_seq_lens
+        fb.extend_num_tokens = n
+        fb.extend_seq_lens = torch.ones(n, dtype=lens.dtype, device=lens.device)
+        fb.extend_prefix_lens = (fb.seq_lens - 1).to(lens.dtype)
+        fb.extend_start_loc = torch.arange(n, dtype=lens.dtype, device=lens.device)
+        fb.extend_seq_lens_cpu = [1] * n
+        fb.extend_prefix_lens_cpu = [s - 1 for s in plan.seq_lens_cpu]
     return fb
 
 
-def _match_extend_window(backend, fb: ForwardBatch) -> None:
-    """Triton's decode metadata keeps the last W keys of a sliding layer, its
-    extend kernel W + 1 (q - k <= W, W = sliding_window - 1). The back half must
-    reproduce the extend pass, so rebuild the window with W + 1 keys.
+def _set_back_half_window(backend, fb: ForwardBatch, full_prefix_lens_cpu) -> None:
+    """Rebuild the sliding layers' key window of the back-half metadata.
+
+    Decode-shaped: triton's decode metadata keeps the last W keys, its extend
+    kernel W + 1 (q - k <= W, W = sliding_window - 1), so the token attends over
+    the last W + 1 cached keys. Extend-shaped: the cached keys before the token,
+    starting where the full pass's key list started (prefix - min(prefix, W)),
+    so the unified kernel blocks them exactly as in the full pass.
 
     trtllm_mha needs nothing here: its metadata carries no window; its prefill
     and decode kernels both get window_left = W and keep keys k >= p - W for
     the query at position p (W + 1 keys), so decode equals the extend pass."""
-    from sglang.srt.layers.attention.triton_backend import (
-        TritonAttnBackend,
-        update_sliding_window_buffer,
-    )
+    from sglang.srt.layers.attention import triton_backend
 
     window = getattr(backend, "sliding_window_size", None)
-    if not isinstance(backend, TritonAttnBackend) or not window or window <= 0:
+    if not isinstance(backend, triton_backend.TritonAttnBackend) or not window or window <= 0:
         return
-    meta = backend.forward_metadata
-    lens_cpu = [min(s, window + 1) for s in fb.seq_lens_cpu.tolist()]
-    indices = torch.empty(sum(lens_cpu), dtype=torch.int64, device=fb.seq_lens.device)
-    meta.window_kv_indptr, meta.window_kv_indices, _, _ = update_sliding_window_buffer(
-        backend.window_kv_indptr,
+    seq = fb.seq_lens_cpu.tolist()
+    if fb.forward_mode.is_decode():
+        ends = seq
+        starts = [max(0, s - (window + 1)) for s in seq]
+    else:
+        ends = [s - 1 for s in seq]
+        starts = [p - min(p, window) for p in full_prefix_lens_cpu]
+    lens_cpu = [e - b for b, e in zip(starts, ends)]
+    device = fb.seq_lens.device
+    lens = torch.tensor(lens_cpu, dtype=torch.int32).to(device, non_blocking=True)
+    start = torch.tensor(starts, dtype=torch.int64).to(device, non_blocking=True)
+    bs = fb.batch_size
+    indptr = backend.window_kv_indptr  # the scratch twin while building
+    indptr[1 : bs + 1] = torch.cumsum(lens, dim=0)
+    indptr = indptr[: bs + 1]
+    indices = torch.empty(sum(lens_cpu), dtype=torch.int64, device=device)
+    triton_backend.create_flashinfer_kv_indices_triton[(bs,)](
         backend.req_to_token,
-        window + 1,
-        fb.seq_lens,
         fb.req_pool_indices,
-        fb.batch_size,
-        fb.seq_lens.device,
-        backend.token_to_kv_pool,
-        window_kv_indices=indices,
+        lens,
+        indptr,
+        start,
+        indices,
+        backend.req_to_token.stride(0),
     )
+    translate = getattr(backend.token_to_kv_pool, "translate_loc_from_full_to_swa", None)
+    if translate is not None:
+        indices = translate(indices)
+    meta = backend.forward_metadata
+    meta.window_kv_indptr, meta.window_kv_indices = indptr, indices
+    if meta.window_kv_offsets is not None:
+        meta.window_kv_offsets = start
 
 
 def _scratch_buffers(backend) -> dict:
@@ -267,10 +323,14 @@ def _scratch_buffers(backend) -> dict:
     return scratch
 
 
-def build_back_half_metadata(backend, fb: ForwardBatch) -> dict:
+def build_back_half_metadata(
+    backend, fb: ForwardBatch, full_prefix_lens_cpu: Optional[Sequence[int]] = None
+) -> dict:
     """Run the backend's own init_forward_metadata for the back-half batch into
     scratch buffers; return the per-forward attributes it produced. The
-    backend is left exactly as it was (buffers untouched, attributes restored)."""
+    backend is left exactly as it was (buffers untouched, attributes restored).
+    ``full_prefix_lens_cpu``: the pass's cached prefix per kept request (needed
+    for an extend-shaped back half)."""
     scratch = _scratch_buffers(backend)
     originals = {name: getattr(backend, name) for name in scratch}
     saved = {n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)}
@@ -278,7 +338,7 @@ def build_back_half_metadata(backend, fb: ForwardBatch) -> dict:
         for name, buf in scratch.items():
             setattr(backend, name, buf)
         backend.init_forward_metadata(fb)
-        _match_extend_window(backend, fb)
+        _set_back_half_window(backend, fb, full_prefix_lens_cpu)
         return {n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)}
     finally:
         for name, buf in originals.items():
