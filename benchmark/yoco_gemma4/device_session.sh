@@ -12,6 +12,8 @@
 #   E  concurrency sweep, YOCO off and on
 #   F  short prompts on a quiet machine, eager and with the off side's default prefill graph
 #   G  parity under --enable-deterministic-inference (batch-invariant kernels in both modes)
+#   H  G on GPU 0 | E2B short-prompt profile then D on GPU 1 (one call on the two-GPU kind)
+#   F2 short prompts E2B/E4B with the ceiling, alone
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
 # Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
@@ -74,12 +76,33 @@ F)
   gpu 0 timeout 300 python3 $B/prefill_bench.py $res/prefill_e4b_graphs.json --variant e4b --serving-graphs \
     --points 64x8,256x8,1024x8,8000x8 --repeats 5 > $res/prefill_e4b_graphs.log 2>&1
   ;;
+H)
+  # both GPUs: deterministic parity (no timing) | E2B short-prompt profile, then MTP served
+  ( gpu 0 timeout 570 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 200 \
+      --max-new 16 --extra '{"enable_deterministic_inference": true}' > $res/parity_deterministic.log 2>&1 ) &
+  ( gpu 1 timeout 130 python3 $B/prefill_bench.py $res/prefill_e2b_profile.json --variant e2b \
+      --points 64x8,256x8 --modes off,on --repeats 5 --profile-point 64x8 > $res/prefill_e2b_profile.log 2>&1
+    gpu 1 timeout 430 python3 $B/run.py $res/serve_e4b_mtp --variant e4b --skip-prefill --mtp \
+      --workloads summ,chat --port 31000 > $res/serve_e4b_mtp.log 2>&1 ) &
+  wait
+  ;;
+F2)
+  # alone on one GPU: short prompts, E2B and E4B
+  for v in e2b e4b; do
+    gpu 0 timeout 150 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
+      --points 64x1,64x8,256x1,256x8,1024x1,1024x8 --modes off,on,ceiling --repeats 7 > $res/prefill_${v}_short.log 2>&1
+  done
+  ;;
 G)
   gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 120 \
     --max-new 16 --extra '{"enable_deterministic_inference": true}' > $res/parity_deterministic.log 2>&1
   ;;
 esac
 find "$res" -name "ckpt-*" -prune -o -type f -print | sed "s|$res/||" | sort > $res/files.txt
-tar czf "$OUT/$stage.tgz" --exclude='ckpt-*' -C "$res" .
+# profiler traces travel as separate files (the archive must stay under 16 MiB)
+for t in $(find "$res" -name "*.trace.json.gz" | head -4); do
+  cp "$t" "$OUT/$(basename "$(dirname "$t")" | tr -c 'A-Za-z0-9._\n-' _)-$(basename "$t" | tr -c 'A-Za-z0-9._\n-' _ | tail -c 40)"
+done
+tar czf "$OUT/$stage.tgz" --exclude='ckpt-*' --exclude='*.trace.json.gz' -C "$res" .
 grep -h "SUMMARY\|^ROW\|Traceback\|Error\|rc=" $res/*.log | grep -v "Ignore import error\|UserWarning" | tail -40
 cat $res/*/results.md $res/mtp_phases.counts 2>/dev/null

@@ -36,7 +36,7 @@ def summarize(path, top=25):
     with opener(path, "rt") as f:
         events = json.load(f)["traceEvents"]
     buckets = {"kernel": defaultdict(lambda: [0.0, 0]), "cpu_op": defaultdict(lambda: [0.0, 0]),
-               "span": defaultdict(lambda: [0.0, 0])}
+               "span": defaultdict(lambda: [0.0, 0]), "runtime": defaultdict(lambda: [0.0, 0])}
     launches = 0
     for e in events:
         if e.get("ph") != "X":
@@ -49,8 +49,10 @@ def summarize(path, top=25):
         elif cat in ("user_annotation", "gpu_user_annotation"):
             key = "span"
         elif cat in ("cuda_runtime", "cuda_driver"):
+            # Launch counts, and time the host spent in runtime calls (a sync or
+            # a blocking copy shows up here as a long call).
             launches += name.startswith(LAUNCH_CALLS)
-            continue
+            key = "runtime"
         else:
             continue
         buckets[key][name][0] += dur
@@ -68,6 +70,7 @@ def summarize(path, top=25):
         "top_kernels": ranked(buckets["kernel"]),
         "top_cpu_ops": ranked(buckets["cpu_op"]),
         "spans": ranked(buckets["span"]),
+        "top_runtime_calls": ranked(buckets["runtime"]),
     }
 
 
@@ -86,6 +89,7 @@ def print_summary(tag, s, top=15):
         return
     print(f"PROFILE {tag}: kernels {s['kernels']} ({s['kernel_ms']} ms on the GPU), "
           f"launches {s['launches']}, CPU ops {s['cpu_ops']}, trace {s['trace']}", flush=True)
-    for title, rows in (("kernel", s["top_kernels"]), ("cpu op", s["top_cpu_ops"]), ("span", s["spans"])):
+    for title, rows in (("kernel", s["top_kernels"]), ("cpu op", s["top_cpu_ops"]), ("span", s["spans"]),
+                        ("cuda", s.get("top_runtime_calls", []))):
         for name, ms, n in rows[:top]:
             print(f"  {title:6s} {ms:9.3f} ms n={n:6d} {name}", flush=True)

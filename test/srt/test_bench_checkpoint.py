@@ -280,3 +280,4 @@ def test_trace_summary_counts_kernels_launches_and_host_ops(tmp_path):
     assert (s["kernels"], s["kernel_ms"], s["launches"], s["cpu_ops"]) == (3, 1.0, 2, 1)
     assert s["top_kernels"] == [["attn", 0.6, 1], ["gemm", 0.4, 2]]
     assert s["spans"] == [["forward", 2.0, 1]]
+    assert s["top_runtime_calls"][0] == ["cudaMemcpyAsync", 0.009, 1]
