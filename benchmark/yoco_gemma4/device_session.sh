@@ -88,9 +88,11 @@ H)
   ;;
 F2)
   # alone on one GPU: short prompts, E2B and E4B
+  # on = default --kv-sharing-fast-prefill-min-tokens (4096), on-all = 0 (every pass)
   for v in e2b e4b; do
-    gpu 0 timeout 150 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
-      --points 64x1,64x8,256x1,256x8,1024x1,1024x8 --modes off,on,ceiling --repeats 7 > $res/prefill_${v}_short.log 2>&1
+    gpu 0 timeout 260 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
+      --points 64x1,64x8,256x8,512x8,1024x4,2048x1,2048x2,4096x1,1024x8,8000x1 --modes off,on,on-all,ceiling \
+      --repeats 7 > $res/prefill_${v}_short.log 2>&1
   done
   ;;
 G)

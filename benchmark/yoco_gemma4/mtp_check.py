@@ -29,7 +29,9 @@ def run(model_dir, draft_dir, yoco, prompts, mix, max_new, **extra):
     import sglang as sgl
 
     kw = engine_kwargs(**mtp_kwargs(draft_dir), **extra)
-    eng = sgl.Engine(model_path=model_dir, kv_sharing_fast_prefill=yoco, **kw)
+    # min_tokens=0: the fast path takes every prefill pass, short ones too.
+    eng = sgl.Engine(model_path=model_dir, kv_sharing_fast_prefill=yoco,
+                     kv_sharing_fast_prefill_min_tokens=0, **kw)
     res = [None] * len(prompts)
     for group in mix:
         outs = eng.generate(

@@ -5,6 +5,8 @@
 
 Each mode gets its own Engine (the flag is per server). Times Engine.generate with
 max_new_tokens=1 (one prefill pass per batch), radix cache off, after a warm-up;
+modes: off, on (default --kv-sharing-fast-prefill-min-tokens), on-all (min tokens 0:
+the fast path on every pass), ceiling (the front layers alone);
 median of --repeats. Prints RESULT lines and writes raw JSON. Prefill is eager in
 every mode, unless --serving-graphs: off and the ceiling then keep SGLang's default
 prefill CUDA graph (text-only Gemma4ForCausalLM captures one), as a server would run
@@ -31,10 +33,12 @@ def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, pro
     import torch
     import sglang as sgl
 
-    graph = {"disable_prefill_cuda_graph": False} if serving_graphs and mode != "on" else {}
+    graph = {"disable_prefill_cuda_graph": False} if serving_graphs and mode not in ("on", "on-all") else {}
     eng = sgl.Engine(
         model_path=model_dir,
-        kv_sharing_fast_prefill=(mode == "on"),
+        kv_sharing_fast_prefill=mode in ("on", "on-all"),
+        # "on": the default --kv-sharing-fast-prefill-min-tokens; "on-all": every pass
+        kv_sharing_fast_prefill_min_tokens=0 if mode == "on-all" else 4096,
         disable_radix_cache=True,
         tp_size=tp,
         **engine_kwargs(**graph),
@@ -99,9 +103,12 @@ def main():
     table = []
     for L, n in points:
         off, on, ce = by.get(("off", L, n)), by.get(("on", L, n)), by.get(("ceiling", L, n))
+        on_all = by.get(("on-all", L, n))
         row = {"len": L, "batch": n, "off_s": off, "on_s": on, "ceiling_s": ce}
         if off and on:
             row["speedup"] = off / on
+        if off and on_all:
+            row["on_all_s"], row["speedup_on_all"] = on_all, off / on_all
         if off and ce:
             row["ceiling_speedup"] = off / ce
         if off and on and ce:

@@ -90,7 +90,7 @@ def test_mmlu_runner_through_the_server_api(ckpt, tmp_path):
         [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--device", "cpu",
          "--attention-backend", "torch_native", "--dtype", "float32", "--load-format", "dummy",
          "--max-total-tokens", "8192", "--port", str(port), "--log-level", "error",
-         "--kv-sharing-fast-prefill"],
+         "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"],
         env=env,
     )
     try:

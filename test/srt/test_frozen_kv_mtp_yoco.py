@@ -351,7 +351,9 @@ def flag_on(tmp_path_factory):
 
     target_cfg = _load_config(tmp_path_factory, "tiny_target", TINY_TEXT_CONFIG)
     assistant_cfg = _load_config(tmp_path_factory, "tiny_assistant", TINY_ASSISTANT_CONFIG)
-    override = get_context().override_server_args(kv_sharing_fast_prefill=True)
+    override = get_context().override_server_args(
+        kv_sharing_fast_prefill=True, kv_sharing_fast_prefill_min_tokens=0
+    )
     override.install()
     started = not torch.distributed.is_initialized()
     try:

@@ -126,6 +126,13 @@ def test_pooled_multi_item_and_pp_need_every_token():
     assert reason(make_batch([5, 9]), pp_size=2) == "pipeline parallelism"
 
 
+def test_small_pass_keeps_the_full_computation():
+    fb = make_batch([6, 3, 1])  # 10 new tokens
+    assert "fewer than 11 new tokens" in yoco.fast_prefill_skip_reason(fb, FIRST_SHARED, min_tokens=11)
+    assert yoco.fast_prefill_skip_reason(fb, FIRST_SHARED, min_tokens=10) is None
+    assert yoco.plan_fast_prefill(fb, FIRST_SHARED, min_tokens=11) is None
+
+
 def test_model_without_kv_shared_layers_never_fires():
     cfg = types.SimpleNamespace(num_hidden_layers=60, num_kv_shared_layers=0)
     assert yoco.first_kv_shared_layer(cfg) is None

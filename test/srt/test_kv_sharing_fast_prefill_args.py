@@ -253,6 +253,25 @@ def test_model_reads_flag_from_exec_features(model, on):
         assert get_exec().features.kv_sharing_fast_prefill is on
 
 
+def test_min_tokens_default_cli_and_exec_features(model):
+    from sglang.srt.runtime_context import get_context, get_exec
+    from sglang.srt.server_args import ServerArgs
+
+    assert ServerArgs.__dataclass_fields__["kv_sharing_fast_prefill_min_tokens"].default == 4096
+    argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "torch_native"]
+    argv += [FLAG, "--kv-sharing-fast-prefill-min-tokens", "0"]
+    args = server_args_from_cli(argv)
+    assert args.kv_sharing_fast_prefill_min_tokens == 0
+    with get_context().preserve_config():
+        get_context().set_server_args(args)
+        assert get_exec().features.kv_sharing_fast_prefill_min_tokens == 0
+
+
+def test_negative_min_tokens_rejected(model):
+    with pytest.raises(ValueError, match=r"--kv-sharing-fast-prefill-min-tokens must be >= 0 \(got -1\)"):
+        server_args(model("E4B"), kv_sharing_fast_prefill_min_tokens=-1)
+
+
 CLI_VS_KWARGS = {
     "E4B accepted": ({}, []),
     "26B-A4B rejected": ({"model": "26B-A4B"}, []),
@@ -307,8 +326,8 @@ def test_gemma4_with_kv_shared_layers_accepted(
     lines = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
     assert lines == [
         f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
-        f"of {num_layers}; prefill runs layers {first_shared}-{num_layers - 1} "
-        "for the last token of each request only"
+        f"of {num_layers}; prefill passes of >= 4096 new tokens run layers "
+        f"{first_shared}-{num_layers - 1} for the last token of each request only"
     ]
 
 

@@ -216,6 +216,12 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     if not view.kv_sharing_fast_prefill:
         return
 
+    if view.kv_sharing_fast_prefill_min_tokens < 0:
+        raise ValueError(
+            "--kv-sharing-fast-prefill-min-tokens must be >= 0 (got "
+            f"{view.kv_sharing_fast_prefill_min_tokens}): it is the smallest "
+            "prefill pass, in new tokens, that takes the fast path; use 0 for every pass."
+        )
     first_shared, num_layers = _check_model(server_args)
     _check_speculative(view.speculative_algorithm)
     _check_attention_backends(server_args)
@@ -224,9 +230,11 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
 
     logger.info(
         "KV-sharing fast prefill (YOCO) on: first KV-shared layer %d of %d; "
-        "prefill runs layers %d-%d for the last token of each request only",
+        "prefill passes of >= %d new tokens run layers %d-%d for the last token "
+        "of each request only",
         first_shared,
         num_layers,
+        view.kv_sharing_fast_prefill_min_tokens,
         first_shared,
         num_layers - 1,
     )

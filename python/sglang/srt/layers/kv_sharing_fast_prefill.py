@@ -93,8 +93,10 @@ def fast_prefill_skip_reason(
     first_shared_layer: Optional[int],
     layers_to_capture: Sequence[int] = (),
     pp_size: int = 1,
+    min_tokens: int = 0,
 ) -> Optional[str]:
-    """None when YOCO may run this pass, else why the full computation is needed."""
+    """None when YOCO may run this pass, else why the full computation is needed
+    (or, below ``min_tokens`` new tokens, why it would not pay)."""
     if first_shared_layer is None:
         return "model has no KV-shared layers"
     # Exactly EXTEND: DECODE/MIXED/TARGET_VERIFY/DRAFT_EXTEND/SPLIT_PREFILL/IDLE/
@@ -106,6 +108,10 @@ def fast_prefill_skip_reason(
     extend_lens = forward_batch.extend_seq_lens_cpu
     if extend_lens is None or not any(n > 1 for n in extend_lens):
         return "no request has more than one new token"
+    # A small pass is bound by kernel launches: the back half launches as many
+    # kernels on one row per request as on every row, plus its own setup.
+    if sum(extend_lens) < min_tokens:
+        return f"fewer than {min_tokens} new tokens (--kv-sharing-fast-prefill-min-tokens)"
     if forward_batch.return_logprob and forward_batch.extend_logprob_start_lens_cpu:
         for n, start in zip(extend_lens, forward_batch.extend_logprob_start_lens_cpu):
             if n - start > 0:
@@ -162,10 +168,11 @@ def plan_fast_prefill(
     first_shared_layer: Optional[int],
     layers_to_capture: Sequence[int] = (),
     pp_size: int = 1,
+    min_tokens: int = 0,
 ) -> Optional[FastPrefillPlan]:
     """The back-half plan for this pass, or None to run every layer on every token."""
     reason = fast_prefill_skip_reason(
-        forward_batch, first_shared_layer, layers_to_capture, pp_size
+        forward_batch, first_shared_layer, layers_to_capture, pp_size, min_tokens
     )
     if reason is not None:
         if first_shared_layer is not None and forward_batch.forward_mode.is_extend():
