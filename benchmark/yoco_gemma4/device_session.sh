@@ -14,6 +14,7 @@
 #   G  parity under --enable-deterministic-inference (batch-invariant kernels in both modes)
 #   H  G on GPU 0 | E2B short-prompt profile then D on GPU 1 (one call on the two-GPU kind)
 #   F2 short prompts E2B/E4B with the ceiling, alone
+#   I  short prompts, one forward pass timed without a server (forward_bench.py)
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
 # Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
@@ -93,6 +94,13 @@ F2)
     gpu 0 timeout 260 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
       --points 64x1,64x8,256x8,512x8,1024x4,2048x1,2048x2,4096x1,1024x8,8000x1 --modes off,on,on-all,ceiling \
       --repeats 7 > $res/prefill_${v}_short.log 2>&1
+  done
+  ;;
+I)
+  # one forward pass timed without a server (bench_one_batch), short prompts, E2B and E4B
+  for v in e2b e4b; do
+    gpu 0 timeout 170 python3 $B/forward_bench.py $res/forward_${v}.json --variant $v \
+      --modes off,on-all,ceiling --batches 1,8 --lens 64,256,512,1024,2048 --repeats 5 > $res/forward_${v}.log 2>&1
   done
   ;;
 G)
