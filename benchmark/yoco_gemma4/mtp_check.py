@@ -54,6 +54,8 @@ def main():
     ap.add_argument("--max-len", type=int, default=8000)
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--phases", action="store_true", help="one short debug-logged run with YOCO on")
+    ap.add_argument("--extra", default="{}",
+                    help="JSON of engine kwargs for both runs, e.g. '{\"enable_deterministic_inference\": true}'")
     a = ap.parse_args()
     root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
     model = write_text_checkpoint(f"{root}/{a.variant}", a.variant)
@@ -69,11 +71,13 @@ def main():
         return
     prompts = make_prompts(a.prompts, a.max_len, vocab)
     mix = batches(len(prompts), 1)
-    off = run(model, draft, False, prompts, mix, a.max_new)
-    on = run(model, draft, True, prompts, mix, a.max_new)
+    extra = json.loads(a.extra)
+    off = run(model, draft, False, prompts, mix, a.max_new, **extra)
+    on = run(model, draft, True, prompts, mix, a.max_new, **extra)
     acc = [r["accept_len"] for r in off if r["accept_len"] is not None]
     summary = {
         "variant": a.variant,
+        "extra_engine_kwargs": extra,
         "prompts": len(prompts),
         "prompt_len_min": min(map(len, prompts)),
         "prompt_len_max": max(map(len, prompts)),
