@@ -99,7 +99,7 @@ F2)
 I)
   # one forward pass timed without a server (bench_one_batch), short prompts, E2B and E4B
   for v in e2b e4b; do
-    gpu 0 timeout 170 python3 $B/forward_bench.py $res/forward_${v}.json --variant $v \
+    gpu 0 timeout 240 python3 $B/forward_bench.py $res/forward_${v}.json --variant $v \
       --modes off,on-all,ceiling --batches 1,8 --lens 64,256,512,1024,2048 --repeats 5 > $res/forward_${v}.log 2>&1
   done
   ;;

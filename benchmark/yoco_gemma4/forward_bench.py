@@ -33,8 +33,8 @@ MODE_FLAGS = {
 }
 
 
-def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra):
-    result = os.path.join(out_dir, f"one_batch_{mode}.jsonl")
+def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra, tag):
+    result = os.path.join(out_dir, f"one_batch_{tag}_{mode}.jsonl")
     if os.path.exists(result):
         os.remove(result)
     cmd = [sys.executable, "-m", "sglang.bench_one_batch", "--model-path", ckpt,
@@ -71,7 +71,12 @@ def main():
     for mode in a.modes.split(","):
         v = ceiling_variant(a.variant) if mode == "ceiling" else a.variant
         ckpt = make_checkpoint(f"{root}/tok-{v}", v)
-        raw[mode] = run_mode(mode, ckpt, batches, lens, a.repeats, out_dir, a.extra.split())
+        raw[mode] = run_mode(mode, ckpt, batches, lens, a.repeats, out_dir, a.extra.split(), a.variant)
+        write(a, batches, lens, raw)  # after every mode, so a time limit keeps what ran
+    write(a, batches, lens, raw, final=True)
+
+
+def write(a, batches, lens, raw, final=False):
     table = []
     for n in batches:
         for L in lens:
@@ -84,7 +89,8 @@ def main():
             for mode in raw:
                 if mode != "off" and off and row.get(f"{mode}_ms"):
                     row[f"speedup_{mode}"] = round(off / row[f"{mode}_ms"], 3)
-            print("ROW", json.dumps(row), flush=True)
+            if final:
+                print("ROW", json.dumps(row), flush=True)
             table.append(row)
     with open(a.out, "w") as f:
         json.dump({"variant": a.variant, "repeats": a.repeats, "table": table,

@@ -281,3 +281,33 @@ def test_trace_summary_counts_kernels_launches_and_host_ops(tmp_path):
     assert s["top_kernels"] == [["attn", 0.6, 1], ["gemm", 0.4, 2]]
     assert s["spans"] == [["forward", 2.0, 1]]
     assert s["top_runtime_calls"][0] == ["cudaMemcpyAsync", 0.009, 1]
+
+
+def test_forward_bench_times_one_pass_with_the_fast_path_on(tmp_path):
+    """forward_bench.py (one prefill pass in process, sglang.bench_one_batch) on the
+    tiny model on CPU: a row per point with every mode, and the on-all run takes the
+    fast path (the tiny vocabulary is widened: bench_one_batch draws ids below 10000)."""
+    import json
+    import subprocess
+
+    out = tmp_path / "fb.json"
+    extra = (
+        "--device cpu --attention-backend torch_native --dtype float32 "
+        "--mem-fraction-static 0.05 --max-total-tokens 8192 --log-level debug "
+        '--json-model-override-args {"vocab_size":16384,"vocab_size_per_layer_input":16384}'
+    )
+    env = dict(os.environ, YOCO_CKPT_DIR=str(tmp_path / "ckpt"), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmark", "yoco_gemma4", "forward_bench.py"),
+         str(out), "--variant", "tiny", "--modes", "off,on-all", "--batches", "1,4",
+         "--lens", "64", "--repeats", "2", "--extra", extra],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert [(r["len"], r["batch"]) for r in res["table"]] == [(64, 1), (64, 4)]
+    assert all(r["off_ms"] > 0 and r["on-all_ms"] > 0 for r in res["table"])
+    assert all(len(ts) == 2 for ts in res["raw_s"]["on-all"].values())
+    log = proc.stdout + proc.stderr
+    assert "KV-sharing fast prefill: back half on 4 of 256 tokens" in log
+    assert log.count("KV-sharing fast prefill: back half") >= 4  # on-all only; off never plans
