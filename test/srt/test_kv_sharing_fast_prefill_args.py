@@ -426,6 +426,13 @@ def test_triton_accepted(model):
     assert args._resolved_attention_backends() == ("triton", "triton")
 
 
+def test_deterministic_inference_with_triton_accepted(model):
+    # The mode in which the back half is byte-identical to the full pass.
+    args = server_args(model("E4B"), attention_backend="triton", enable_deterministic_inference=True)
+    assert args.kv_sharing_fast_prefill and args.enable_deterministic_inference
+    assert args._resolved_attention_backends() == ("triton", "triton")
+
+
 def test_trtllm_mha_accepted(e4b_resolved):
     # trtllm_mha needs a Blackwell GPU to get through ServerArgs.
     args = run_hook(e4b_resolved, device="cuda", attention_backend="trtllm_mha")
