@@ -220,7 +220,8 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
         raise ValueError(
             "--kv-sharing-fast-prefill-min-tokens must be >= 0 (got "
             f"{view.kv_sharing_fast_prefill_min_tokens}): it is the smallest "
-            "prefill pass, in new tokens, that takes the fast path; use 0 for every pass."
+            "prefill pass, in new tokens, that takes the fast path; use 0 for "
+            "every pass."
         )
     first_shared, num_layers = _check_model(server_args)
     _check_speculative(view.speculative_algorithm)

@@ -82,8 +82,8 @@ class FastPrefillPlan:
     seq_lens_cpu: List[int]
     # The pass's cached prefix of each kept request (where its keys start).
     prefix_lens_cpu: List[int]
-    # The back-half batch (decode-shaped) and its attention metadata, built
-    # before the front half is launched.
+    # The back-half batch (decode- or extend-shaped) and its attention
+    # metadata, built before the front half is launched.
     batch: Optional[ForwardBatch] = None
     back_attrs: Optional[dict] = None
 
@@ -111,7 +111,10 @@ def fast_prefill_skip_reason(
     # A small pass is bound by kernel launches: the back half launches as many
     # kernels on one row per request as on every row, plus its own setup.
     if sum(extend_lens) < min_tokens:
-        return f"fewer than {min_tokens} new tokens (--kv-sharing-fast-prefill-min-tokens)"
+        return (
+            f"fewer than {min_tokens} new tokens "
+            "(--kv-sharing-fast-prefill-min-tokens)"
+        )
     if forward_batch.return_logprob and forward_batch.extend_logprob_start_lens_cpu:
         for n, start in zip(extend_lens, forward_batch.extend_logprob_start_lens_cpu):
             if n - start > 0:
@@ -258,7 +261,9 @@ def make_back_half_batch(
         fb.extend_num_tokens = n
         fb.extend_seq_lens = torch.ones(n, dtype=lens.dtype, device=lens.device)
         fb.extend_prefix_lens = (fb.seq_lens - 1).to(lens.dtype)
-        fb.extend_start_loc = torch.arange(n, dtype=lens.dtype, device=lens.device)
+        fb.extend_start_loc = torch.arange(
+            n, dtype=lens.dtype, device=lens.device
+        )
         fb.extend_seq_lens_cpu = [1] * n
         fb.extend_prefix_lens_cpu = [s - 1 for s in plan.seq_lens_cpu]
     return fb
@@ -279,7 +284,9 @@ def _set_back_half_window(backend, fb: ForwardBatch, full_prefix_lens_cpu) -> No
     from sglang.srt.layers.attention import triton_backend
 
     window = getattr(backend, "sliding_window_size", None)
-    if not isinstance(backend, triton_backend.TritonAttnBackend) or not window or window <= 0:
+    if not isinstance(backend, triton_backend.TritonAttnBackend):
+        return
+    if not window or window <= 0:
         return
     seq = fb.seq_lens_cpu.tolist()
     if fb.forward_mode.is_decode():
@@ -306,9 +313,9 @@ def _set_back_half_window(backend, fb: ForwardBatch, full_prefix_lens_cpu) -> No
         indices,
         backend.req_to_token.stride(0),
     )
-    translate = getattr(backend.token_to_kv_pool, "translate_loc_from_full_to_swa", None)
-    if translate is not None:
-        indices = translate(indices)
+    pool = backend.token_to_kv_pool
+    if hasattr(pool, "translate_loc_from_full_to_swa"):
+        indices = pool.translate_loc_from_full_to_swa(indices)
     meta = backend.forward_metadata
     meta.window_kv_indptr, meta.window_kv_indices = indptr, indices
     if meta.window_kv_offsets is not None:
