@@ -311,3 +311,36 @@ def test_forward_bench_times_one_pass_with_the_fast_path_on(tmp_path):
     log = proc.stdout + proc.stderr
     assert "KV-sharing fast prefill: back half on 4 of 256 tokens" in log
     assert log.count("KV-sharing fast prefill: back half") >= 4  # on-all only; off never plans
+
+
+def test_trace_diff_ranks_host_time_added_inside_the_step(tmp_path):
+    """trace_diff.py: per-name host time inside the last step span, B against A,
+    with process addresses dropped from names."""
+    import gzip
+    import json
+
+    from trace_diff import diff, host_time_by_name
+
+    def trace(name, events):
+        path = tmp_path / name
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": events}, f)
+        return str(path)
+
+    step = {"ph": "X", "cat": "user_annotation", "name": "step[EXTEND bs=8]", "ts": 100, "dur": 1000}
+    a = trace("a.json.gz", [
+        step,
+        {"ph": "X", "cat": "python_function", "name": "layer.py(1): forward", "ts": 200, "dur": 500},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 5000, "dur": 900},  # outside the step
+    ])
+    b = trace("b.json.gz", [
+        step,
+        {"ph": "X", "cat": "python_function", "name": "layer.py(1): forward", "ts": 200, "dur": 600},
+        {"ph": "X", "cat": "python_function", "name": "yoco.py(9): plan", "ts": 150, "dur": 300},
+        {"ph": "X", "cat": "python_function", "name": "<built-in method empty at 0x7f00>", "ts": 160, "dur": 50},
+    ])
+    ta, tb = host_time_by_name(a), host_time_by_name(b)
+    assert "aten::mm" not in ta and "<built-in method empty>" in tb
+    rows = diff(ta, tb)
+    assert [r[3] for r in rows[:2]] == ["yoco.py(9): plan", "layer.py(1): forward"]
+    assert rows[0][0] == 0.3 and rows[1][1] == (0.5, 1) and rows[1][2] == (0.6, 1)

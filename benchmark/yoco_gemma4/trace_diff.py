@@ -1,0 +1,62 @@
+"""Where does one pass spend more host time in trace B than in trace A?
+
+    python trace_diff.py OFF.trace.json.gz ON.trace.json.gz [--top 40] [--span step[]
+
+Both traces are torch profiler Chrome traces of one forward pass (prefill_bench.py
+--profile-point, or bench_one_batch --profile). Inside the last span whose name starts
+with --span (the scheduler's `step[...]`; empty: the whole trace), the Python functions
+and CPU ops are summed by name (total time, calls; addresses in names are dropped so
+two processes compare), and the names are listed by how much longer B spent in them.
+Inclusive times: a parent and its children both appear.
+"""
+
+import argparse
+import gzip
+import json
+import re
+from collections import defaultdict
+
+
+def host_time_by_name(path, span_prefix="step["):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    t0, t1 = float("-inf"), float("inf")
+    if span_prefix:
+        spans = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(span_prefix)]
+        if spans:
+            t0, t1 = spans[-1]["ts"], spans[-1]["ts"] + spans[-1]["dur"]
+    by = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("cat") in ("python_function", "cpu_op") and t0 <= e["ts"] <= t1:
+            name = re.sub(r" at 0x[0-9a-f]+", "", e["name"])[:120]
+            by[name][0] += e["dur"] / 1000
+            by[name][1] += 1
+    return dict(by)
+
+
+def diff(a, b, top=40):
+    """[(extra_ms, (a_ms, a_calls), (b_ms, b_calls), name)], most extra time in b first."""
+    rows = []
+    for name in set(a) | set(b):
+        x, y = a.get(name, [0.0, 0]), b.get(name, [0.0, 0])
+        rows.append((y[0] - x[0], tuple(x), tuple(y), name))
+    rows.sort(key=lambda r: -r[0])
+    return rows[:top]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--span", default="step[", help="prefix of the span to look inside; '' = whole trace")
+    args = ap.parse_args()
+    for extra, (am, ac), (bm, bc), name in diff(
+        host_time_by_name(args.a, args.span), host_time_by_name(args.b, args.span), args.top
+    ):
+        print(f"{extra:9.3f} ms  A {am:9.3f}/{ac:5d}  B {bm:9.3f}/{bc:5d}  {name}")
+
+
+if __name__ == "__main__":
+    main()
