@@ -182,13 +182,14 @@ def plan_fast_prefill(
             logger.debug("KV-sharing fast prefill: full pass (%s)", reason)
         return None
     seq_cpu = _seq_lens_cpu(forward_batch)
+    extend_lens = forward_batch.extend_seq_lens_cpu
     reqs = _finishing_requests(forward_batch, seq_cpu)
-    rows = last_token_rows(forward_batch.extend_seq_lens_cpu, reqs)
+    rows = last_token_rows(extend_lens, reqs)
     device = forward_batch.seq_lens.device
     logger.debug(
         "KV-sharing fast prefill: back half on %d of %d tokens (%s)",
         len(rows),
-        sum(forward_batch.extend_seq_lens_cpu),
+        sum(extend_lens),
         forward_batch.forward_mode.name,
     )
     plan = FastPrefillPlan(
@@ -197,7 +198,7 @@ def plan_fast_prefill(
         req_index=torch.tensor(reqs, dtype=torch.int64).to(device, non_blocking=True),
         num_reqs=len(reqs),
         seq_lens_cpu=[seq_cpu[i] for i in reqs],
-        prefix_lens_cpu=[forward_batch.extend_prefix_lens_cpu[i] for i in reqs],
+        prefix_lens_cpu=[seq_cpu[i] - extend_lens[i] for i in reqs],
     )
     if plan.num_reqs > 0:
         backend = get_attn_backend()
