@@ -113,8 +113,11 @@ def point(eng, gen, mode, B, L, a, vocab):
 def profile(eng, gen, mode, B, L, a, vocab, out_dir):
     run(eng, gen, B, L, a.short, vocab)
     # num_steps counts scheduler forwards: 1 prefill + decode steps; stops by itself.
+    # A speculative step emits up to 4 tokens, so ask for enough tokens that the
+    # run lasts num_steps forwards in either mode (run 5b's MTP profile stopped
+    # short of them and wrote no trace).
     s = profile_engine(eng, os.path.join(out_dir, f"profile-{mode}-{B}x{L}"),
-                       lambda: run(eng, gen, B, L, a.profile_steps + 8, vocab),
+                       lambda: run(eng, gen, B, L, 4 * a.profile_steps + 8, vocab),
                        num_steps=a.profile_steps, top=a.top)
     print_summary(f"{mode} {B}x{L}", s, a.top)
     print("PROFILE_JSON " + json.dumps({"mode": mode, "batch": B, "context": L, **s}), flush=True)

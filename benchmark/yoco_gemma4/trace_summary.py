@@ -79,7 +79,11 @@ def profile_engine(eng, out_dir, run_fn, num_steps=1, activities=("CPU", "GPU"),
     os.makedirs(out_dir, exist_ok=True)
     eng.start_profile(output_dir=out_dir, num_steps=num_steps, activities=list(activities), record_shapes=False)
     run_fn()
-    path = _wait_for_trace(out_dir)
+    path = _wait_for_trace(out_dir, timeout_s=30)
+    if path is None:
+        # run_fn ended before num_steps forwards: stop the profiler by hand.
+        eng.stop_profile()
+        path = _wait_for_trace(out_dir)
     return summarize(path, top) if path else {"trace": None}
 
 
