@@ -11,16 +11,17 @@ Inclusive times: a parent and its children both appear.
 """
 
 import argparse
-import gzip
-import json
+import os
 import re
+import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_summary import load_spans  # noqa: E402
 
 
 def host_time_by_name(path, span_prefix="step["):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    events = load_spans(path)
     t0, t1 = float("-inf"), float("inf")
     if span_prefix:
         spans = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(span_prefix)]

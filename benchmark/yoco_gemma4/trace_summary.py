@@ -31,16 +31,19 @@ def _wait_for_trace(out_dir, timeout_s=120):
     return None
 
 
-def summarize(path, top=25):
+def load_spans(path):
+    """The complete ("X") events of a torch profiler Chrome trace (.json or .json.gz)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def summarize(path, top=25):
+    events = load_spans(path)
     buckets = {"kernel": defaultdict(lambda: [0.0, 0]), "cpu_op": defaultdict(lambda: [0.0, 0]),
                "span": defaultdict(lambda: [0.0, 0]), "runtime": defaultdict(lambda: [0.0, 0])}
     launches = 0
     for e in events:
-        if e.get("ph") != "X":
-            continue
         cat, name, dur = e.get("cat", ""), e.get("name", "")[:110], e.get("dur", 0.0)
         if cat == "kernel":
             key = "kernel"
