@@ -15,6 +15,9 @@
 #   H  G on GPU 0 | E2B short-prompt profile then D on GPU 1 (one call on the two-GPU kind)
 #   F2 short prompts E2B/E4B with the ceiling, alone
 #   I  short prompts, one forward pass timed without a server (forward_bench.py)
+#   J  deterministic parity under MTP | verify-kernel bench, MTP step profile, E4B short-prompt profile
+#   K  split-KV verify: parity vs extend verify, E4B step times | 31B step times (FROZEN_KV_MTP issue)
+#   L  served E4B chat: no speculation vs MTP vs MTP + split-KV verify (+ 80 running requests)
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
 # Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
@@ -103,6 +106,38 @@ I)
       --modes off,on-all,ceiling --batches 1,8 --lens 64,256,512,1024,2048 --repeats 5 > $res/forward_${v}.log 2>&1
   done
   ;;
+J)
+  # two GPUs: deterministic MTP parity (no timing) | FROZEN_KV_MTP diagnosis, then one profiled E4B pass per mode
+  F=benchmark/frozen_kv_mtp
+  ( gpu 0 timeout 540 python3 $B/mtp_check.py $res/mtp_parity_e4b_deterministic.json --variant e4b --prompts 200 \
+      --max-len 4000 --extra '{"enable_deterministic_inference": true}' > $res/mtp_parity_deterministic.log 2>&1 ) &
+  ( for s in e4b 31b; do
+      gpu 1 timeout 60 python3 $F/verify_kernel_bench.py $res/verify_kernel_$s.json --shape $s \
+        --batches 1,8 --contexts 220,1024,2460 > $res/verify_kernel_$s.log 2>&1
+    done
+    FKV_CKPT_DIR=/tmp/fkv1 gpu 1 timeout 300 python3 $F/profile_draft.py $res/draft_e4b --target e4b --batches 8 \
+      --contexts 220,2460 --profile --profile-point 8x2460 > $res/draft_e4b.log 2>&1
+    for m in off on-all; do
+      SGLANG_TORCH_PROFILER_DIR=$res/prof_fwd_$m gpu 1 timeout 90 python3 $B/forward_bench.py $res/fwd_prof_$m.json \
+        --variant e4b --modes $m --batches 8 --lens 64 --repeats 2 --extra "--profile --profile-stage prefill" \
+        > $res/fwd_prof_$m.log 2>&1
+    done ) &
+  wait
+  ;;
+K)
+  F=benchmark/frozen_kv_mtp
+  ( gpu 0 timeout 300 python3 $B/mtp_check.py $res/mtp_parity_splitkv.json --variant e4b --prompts 200 \
+      --max-len 4000 --yoco off --b-extra '{"triton_attention_split_kv_verify": true}' > $res/mtp_parity_splitkv.log 2>&1
+    FKV_CKPT_DIR=/tmp/fkv0 gpu 0 timeout 270 python3 $F/profile_draft.py $res/draft_e4b --target e4b --batches 1,8 \
+      --contexts 220,2460 --modes off,mtp,mtp-splitkv > $res/draft_e4b.log 2>&1 ) &
+  ( FKV_CKPT_DIR=/tmp/fkv1 gpu 1 timeout 570 python3 $F/profile_draft.py $res/draft_31b --target 31b --batches 8 \
+      --contexts 2048 --out-len 64 --repeats 1 --modes off,mtp,mtp-splitkv > $res/draft_31b.log 2>&1 ) &
+  wait
+  ;;
+L)
+  gpu 0 timeout 580 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mtp --workloads chat \
+    --modes nospec,mtp,mtp-splitkv,mtp-splitkv-mrr80 > $res/serve_mtp.log 2>&1
+  ;;
 G)
   gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 120 \
     --max-new 16 --extra '{"enable_deterministic_inference": true}' > $res/parity_deterministic.log 2>&1
@@ -114,5 +149,5 @@ for t in $(find "$res" -name "*.trace.json.gz" | head -4); do
   cp "$t" "$OUT/$(basename "$(dirname "$t")" | tr -c 'A-Za-z0-9._\n-' _)-$(basename "$t" | tr -c 'A-Za-z0-9._\n-' _ | tail -c 40)"
 done
 tar czf "$OUT/$stage.tgz" --exclude='ckpt-*' --exclude='*.trace.json.gz' -C "$res" .
-grep -h "SUMMARY\|^ROW\|Traceback\|Error\|rc=" $res/*.log | grep -v "Ignore import error\|UserWarning" | tail -40
+grep -h "SUMMARY\|^ROW\|^RESULT\|Traceback\|Error\|rc=" $res/*.log | grep -v "Ignore import error\|UserWarning" | tail -40
 cat $res/*/results.md $res/mtp_phases.counts 2>/dev/null

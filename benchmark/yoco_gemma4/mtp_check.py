@@ -2,6 +2,8 @@
 
     python mtp_check.py OUT.json [--variant e4b] [--prompts 200] [--max-len 8000] [--max-new 16]
     python mtp_check.py OUT.json --phases     # which forwards ran YOCO (debug log lines)
+    python mtp_check.py OUT.json --yoco off --b-extra '{"triton_attention_split_kv_verify": true}'
+        # run A vs run B with YOCO off in both: split-KV verify against the extend kernel
 
 Target: the text-only checkpoint of parity_check.py; drafter: the released E4B
 assistant config (4 layers, all KV-shared with the target), both with the fork's
@@ -56,6 +58,9 @@ def main():
     ap.add_argument("--phases", action="store_true", help="one short debug-logged run with YOCO on")
     ap.add_argument("--extra", default="{}",
                     help="JSON of engine kwargs for both runs, e.g. '{\"enable_deterministic_inference\": true}'")
+    ap.add_argument("--yoco", default="off-on", choices=["off-on", "off", "on"],
+                    help="YOCO in run A (\"off\" in the summary keys) and run B (\"on\"): off then on, or the same in both")
+    ap.add_argument("--b-extra", default="{}", help="JSON of engine kwargs for run B only")
     a = ap.parse_args()
     root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
     model = write_text_checkpoint(f"{root}/{a.variant}", a.variant)
@@ -71,13 +76,16 @@ def main():
         return
     prompts = make_prompts(a.prompts, a.max_len, vocab)
     mix = batches(len(prompts), 1)
-    extra = json.loads(a.extra)
-    off = run(model, draft, False, prompts, mix, a.max_new, **extra)
-    on = run(model, draft, True, prompts, mix, a.max_new, **extra)
+    extra, b_extra = json.loads(a.extra), json.loads(a.b_extra)
+    yoco_a, yoco_b = {"off-on": (False, True), "off": (False, False), "on": (True, True)}[a.yoco]
+    off = run(model, draft, yoco_a, prompts, mix, a.max_new, **extra)
+    on = run(model, draft, yoco_b, prompts, mix, a.max_new, **extra, **b_extra)
     acc = [r["accept_len"] for r in off if r["accept_len"] is not None]
     summary = {
         "variant": a.variant,
         "extra_engine_kwargs": extra,
+        # run A is "off" in the keys below, run B "on"
+        "run_a": {"yoco": yoco_a}, "run_b": {"yoco": yoco_b, **b_extra},
         "prompts": len(prompts),
         "prompt_len_min": min(map(len, prompts)),
         "prompt_len_max": max(map(len, prompts)),

@@ -1,0 +1,74 @@
+"""Served E4B: no speculation vs FROZEN_KV_MTP vs FROZEN_KV_MTP with split-KV verify.
+
+    python benchmark/frozen_kv_mtp/serve_mtp.py OUT_DIR [--variant e4b]
+        [--modes nospec,mtp,mtp-splitkv] [--workloads chat] [--port 32000]
+
+One server per mode, one after the other on the same GPU, the YOCO benchmark's
+checkpoint and engine settings (benchmark/yoco_gemma4/run.py: seeded weights at scale,
+triton, radix cache off), `sglang.bench_serving` with random ids at fixed lengths, seed 0.
+MTP modes: E4B assistant drafter, steps 3, topk 1, 4 draft tokens,
+SGLANG_SIMULATE_ACC_LEN=2.1 (the original study's accept length); `mtp-splitkv` adds
+--triton-attention-split-kv-verify, `mtp-splitkv-mrr80` also --max-running-requests 80
+(FROZEN_KV_MTP's default is 48). YOCO is off throughout. Writes OUT_DIR/serve_mtp.json
+and one `ROW {json}` line per (mode, workload).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "yoco_gemma4"))
+from checkpoints import write_assistant_checkpoint  # noqa: E402
+from make_checkpoint import make_checkpoint  # noqa: E402
+from run import MTP_ACCEPT_LEN, WORKLOADS, _bench, _server_cmd, _wait_healthy, log  # noqa: E402
+
+MODE_FLAGS = {
+    "nospec": [],
+    "mtp": [],
+    "mtp-splitkv": ["--triton-attention-split-kv-verify"],
+    # FROZEN_KV_MTP caps running requests at 48 when unset (speculative_hook.py)
+    "mtp-splitkv-mrr80": ["--triton-attention-split-kv-verify", "--max-running-requests", "80"],
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--variant", default="e4b")
+    ap.add_argument("--modes", default="nospec,mtp,mtp-splitkv")
+    ap.add_argument("--workloads", default="chat", help=f"of {', '.join(w[0] for w in WORKLOADS)}")
+    ap.add_argument("--port", type=int, default=32000)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    model = make_checkpoint(f"{a.out}/ckpt-{a.variant}", a.variant)
+    draft = write_assistant_checkpoint(f"{a.out}/ckpt-{a.variant}-assistant", None)
+    workloads = [w for w in WORKLOADS if w[0] in a.workloads.split(",")]
+    rows = []
+    for i, mode in enumerate(a.modes.split(",")):
+        env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
+        if mode != "nospec":
+            env["SGLANG_SIMULATE_ACC_LEN"] = MTP_ACCEPT_LEN
+        port = a.port + i
+        cmd = _server_cmd(model, port, False, 1, None if mode == "nospec" else draft) + MODE_FLAGS[mode]
+        log(f"serve_mtp: starting server, mode {mode}")
+        proc = subprocess.Popen(cmd, env=env)
+        try:
+            _wait_healthy(port, proc)
+            for name, inp, outp, n, conc in workloads:
+                r = _bench(model, port, name, inp, outp, n, conc, f"{a.out}/serve_{mode}.jsonl")
+                r["mode"] = mode
+                r.pop("ttfts_ms", None)
+                print("ROW " + json.dumps(r), flush=True)
+                rows.append(r)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+    with open(os.path.join(a.out, "serve_mtp.json"), "w") as f:
+        json.dump({"args": vars(a), "accept_len": MTP_ACCEPT_LEN, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

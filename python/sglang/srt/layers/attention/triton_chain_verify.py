@@ -1,0 +1,189 @@
+"""Speculative verify of a top-1 draft chain as decode queries (triton backend).
+
+With `speculative_eagle_topk == 1` the draft is a chain: draft token i of a request
+sees the request's cached keys and draft tokens 0..i, which is exactly what a decode
+query at position `seq_len + i` sees. Stock triton verifies through
+`extend_attention_fwd`, whose grid is (request, head, query block) with no split over
+the keys: every program walks its request's whole key list alone, and with 4 query
+rows in a 32-64 row block. That walk is what makes a FROZEN_KV_MTP step grow with
+context (benchmark/frozen_kv_mtp/verify_kernel_bench.py). Here the verify's B x N
+queries run through the split-KV decode kernel instead, one decode row per draft
+token, over `req_to_token[req, :seq_len + i + 1]` (or its sliding window), which
+`prepare_for_v2_verify` has already filled with the draft tokens' slots.
+
+Same keys, same mask; the sum is split over the keys, so the result is not bitwise
+the extend kernel's. Off unless `--triton-attention-split-kv-verify`.
+"""
+
+import dataclasses
+import logging
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def chain_verify_enabled(backend, server_args) -> bool:
+    """Whether this backend verifies top-1 chains as decode queries."""
+    if not getattr(server_args, "triton_attention_split_kv_verify", False):
+        return False
+    # Each of these takes a path of its own in forward_extend / the metadata
+    # builders; the chain form is only wired for the plain one.
+    return (
+        backend.topk == 1
+        and not backend.enable_deterministic
+        and backend.dcp_size == 1
+        and backend._translate_kv_loc is None
+        and not backend.use_mla
+        and not backend.skip_prefill
+    )
+
+
+def chain_query_lens(seq_lens, req_pool_indices, n):
+    """Per draft token: its request's pool row and the keys it sees (prefix + i + 1)."""
+    steps = torch.arange(1, n + 1, dtype=seq_lens.dtype, device=seq_lens.device)
+    q_seq_lens = (seq_lens[:, None] + steps[None, :]).reshape(-1)
+    return req_pool_indices.repeat_interleave(n), q_seq_lens
+
+
+def _num_draft_tokens(backend, spec_info):
+    # DSpark's draft propose verifies gamma tokens (< the verify window).
+    n = getattr(spec_info, "draft_token_num", None) if spec_info is not None else None
+    return backend.num_draft_tokens if n is None else int(n)
+
+
+class ChainVerify:
+    """Decode-shaped verify metadata for one TritonAttnBackend."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.swa = backend.sliding_window_size is not None and backend.sliding_window_size > 0
+        # The extend kernel lets a query at position p see keys k >= p - W
+        # (W = backend.sliding_window_size): W + 1 keys, one more than triton's
+        # decode metadata keeps. The verify's keys are the extend kernel's.
+        self.window = backend.sliding_window_size + 1 if self.swa else None
+
+    # --- CUDA graph: capture-stable buffers, refilled before every replay ---------
+    def init_cuda_graph_state(self, max_num_tokens: int):
+        """Indptr buffers for max_num_tokens decode rows (the backend's are sized
+        for requests) and window indices of W + 1 keys a row (the backend's hold
+        W); the full-attention index, split and logits buffers are the backend's,
+        already sized for max_num_tokens rows."""
+        dev = self.backend.device
+        self.kv_indptr = torch.zeros(max_num_tokens + 1, dtype=torch.int32, device=dev)
+        self.window_kv_indptr = self.window_kv_indices = None
+        if self.swa:
+            self.window_kv_indptr = torch.zeros_like(self.kv_indptr)
+            self.window_kv_indices = torch.zeros(max_num_tokens * self.window, dtype=torch.int64, device=dev)
+
+    def fill_graph_buffers(self, bs, seq_lens, req_pool_indices, spec_info):
+        be = self.backend
+        n = _num_draft_tokens(be, spec_info)
+        rows, lens = chain_query_lens(seq_lens[:bs], req_pool_indices[:bs], n)
+        window_lens = self._fill(rows, lens, self.kv_indptr, be.cuda_graph_kv_indices,
+                                 self.window_kv_indptr, self.window_kv_indices)
+        m = bs * n
+        be.get_num_kv_splits(be.cuda_graph_num_kv_splits[:m], lens)
+        if self.swa:
+            be.get_num_kv_splits(be.cuda_graph_window_num_kv_splits[:m], window_lens)
+
+    def graph_metadata(self, bs, spec_info, swa_out_cache_loc, out_cache_loc_full_physical):
+        from sglang.srt.layers.attention.triton_backend import ForwardMetadata
+
+        be = self.backend
+        m = bs * _num_draft_tokens(be, spec_info)
+        return ForwardMetadata(
+            attn_logits=be.cuda_graph_attn_logits,
+            attn_lse=be.cuda_graph_attn_lse,
+            max_extend_len=None,
+            num_kv_splits=be.cuda_graph_num_kv_splits,
+            kv_indptr=self.kv_indptr[: m + 1],
+            kv_indices=be.cuda_graph_kv_indices,
+            qo_indptr=None,
+            custom_mask=None,
+            mask_indptr=None,
+            window_kv_indptr=self.window_kv_indptr[: m + 1] if self.swa else None,
+            window_kv_indices=self.window_kv_indices,
+            window_num_kv_splits=be.cuda_graph_window_num_kv_splits if self.swa else None,
+            window_kv_offsets=None,
+            swa_attn_logits=be.cuda_graph_swa_attn_logits,
+            swa_out_cache_loc=swa_out_cache_loc,
+            out_cache_loc_full_physical=out_cache_loc_full_physical,
+        )
+
+    # --- eager --------------------------------------------------------------------
+    def eager_metadata(self, forward_batch, metadata):
+        """Replace the extend-shaped verify fields of `metadata` by decode-shaped ones."""
+        be = self.backend
+        n = _num_draft_tokens(be, forward_batch.spec_info)
+        bs = len(forward_batch.req_pool_indices)
+        rows, lens = chain_query_lens(forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n)
+        m, dev = bs * n, be.device
+        prefix_sum = forward_batch.seq_lens_sum
+        if prefix_sum is None:  # gpu-only batch; eager verify is off the graph path
+            prefix_sum = int(forward_batch.seq_lens[:bs].sum().item())
+        kv_indices = torch.empty(n * prefix_sum + bs * n * (n + 1) // 2, dtype=torch.int64, device=dev)
+        kv_indptr = torch.zeros(m + 1, dtype=torch.int32, device=dev)
+        window_kv_indptr = window_kv_indices = None
+        if self.swa:
+            window_kv_indptr = torch.zeros_like(kv_indptr)
+            window_kv_indices = torch.empty(m * self.window, dtype=torch.int64, device=dev)
+        window_lens = self._fill(rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices)
+
+        def splits(seq):
+            out = torch.empty(m, dtype=torch.int32, device=dev)
+            be.get_num_kv_splits(out, seq)
+            return out
+
+        def logits(v_dim):
+            return torch.empty(m, be.num_head, be.max_kv_splits, v_dim, dtype=torch.float32, device=dev)
+
+        return dataclasses.replace(
+            metadata,
+            attn_logits=logits(be.v_head_dim),
+            attn_lse=torch.empty(m, be.num_head, be.max_kv_splits, dtype=torch.float32, device=dev),
+            max_extend_len=None,
+            num_kv_splits=splits(lens),
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            qo_indptr=None,
+            custom_mask=None,
+            mask_indptr=None,
+            window_kv_indptr=window_kv_indptr,
+            window_kv_indices=window_kv_indices,
+            window_num_kv_splits=splits(window_lens) if self.swa else None,
+            window_kv_offsets=None,
+            swa_attn_logits=logits(be.swa_v_head_dim) if be.swa_v_head_dim is not None else None,
+        )
+
+    # --- shared -------------------------------------------------------------------
+    def _fill(self, rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices):
+        """The backend's decode index builders, run over one row per draft token.
+        Returns the window lengths (None without sliding window)."""
+        from sglang.srt.layers.attention.triton_backend import (
+            create_flashinfer_kv_indices_triton,
+            update_sliding_window_buffer,
+        )
+
+        be = self.backend
+        m = rows.shape[0]
+        kv_indptr[1 : m + 1] = torch.cumsum(lens, dim=0)
+        create_flashinfer_kv_indices_triton[(m,)](
+            be.req_to_token, rows, lens, kv_indptr, None, kv_indices, be.req_to_token.stride(0)
+        )
+        if not self.swa:
+            return None
+        _, _, window_lens, _ = update_sliding_window_buffer(
+            window_kv_indptr,
+            be.req_to_token,
+            self.window,
+            lens,
+            rows,
+            m,
+            token_to_kv_pool=be.token_to_kv_pool,
+            window_kv_indices=window_kv_indices,
+        )
+        return window_lens
+
+

@@ -1,0 +1,141 @@
+"""--triton-attention-split-kv-verify: a top-1 draft chain verified as decode
+queries attends over the same keys as stock triton's extend-kernel verify.
+
+Triton's real kernels (extend, split-KV decode, index builders, split counts) run
+on CPU through Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are
+defined, hence a fresh process: run this file as a script), in fp32. Requests sit
+below, at and above the sliding window so that the window's first key, the one
+the extend kernel masks per query, is exercised. The split-KV sum rounds
+differently from the extend kernel's walk, so the check is allclose; an
+off-by-one in the keys a draft token sees moves the output by far more.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+PREFIX = [3, 38, 40, 41, 90]  # cached tokens per request; WINDOW sits among them
+N = 4  # draft tokens verified per request (steps 3, topk 1)
+WINDOW = 40  # backend.sliding_window_size
+HEADS, KV_HEADS, HEAD_DIM, POOL, MAX_CTX = 4, 2, 32, 1024, 128
+
+
+def _check():
+    import torch
+
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    from sglang.srt.layers.attention import triton_backend
+    from sglang.srt.layers.attention.triton_chain_verify import ChainVerify
+    from sglang.srt.layers.radix_attention import AttentionType
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    g = torch.Generator().manual_seed(0)
+    k_buf = torch.randn(POOL, KV_HEADS, HEAD_DIM, generator=g)
+    v_buf = torch.randn(POOL, KV_HEADS, HEAD_DIM, generator=g)
+
+    def set_kv_buffer(layer, loc, k, v, *args, **kwargs):
+        k_buf[loc.loc] = k.view(-1, KV_HEADS, HEAD_DIM)
+        v_buf[loc.loc] = v.view(-1, KV_HEADS, HEAD_DIM)
+
+    pool = types.SimpleNamespace(
+        get_key_buffer=lambda i: k_buf, get_value_buffer=lambda i: v_buf, set_kv_buffer=set_kv_buffer
+    )
+    bs = len(PREFIX)
+    be = object.__new__(triton_backend.TritonAttnBackend)
+    be.__dict__.update(
+        sliding_window_size=WINDOW, token_to_kv_pool=pool, use_sliding_window_kv_pool=False,
+        dcp_size=1, page_size=1, device="cpu", _translate_kv_loc=None, enable_deterministic=False,
+        use_mla=False, skip_prefill=False, topk=1, num_draft_tokens=N, num_head=HEADS,
+        max_kv_splits=8, num_kv_head=KV_HEADS, v_head_dim=HEAD_DIM, swa_v_head_dim=None, static_kv_splits=False,
+        device_core_count=132, split_tile_size=None, use_pdl=False, max_context_len=MAX_CTX,
+        use_verify_splitkv=False, extend_attention_fwd=extend_attention_fwd,
+        decode_attention_fwd=decode_attention_fwd, chain_verify=None,
+    )
+    for name, dtype in (("kv_indptr", torch.int32), ("window_kv_indptr", torch.int32),
+                        ("qo_indptr", torch.int64), ("mask_indptr", torch.int64)):
+        setattr(be, name, torch.zeros(bs + 1, dtype=dtype))
+    be.req_to_token = torch.zeros(bs + 1, MAX_CTX, dtype=torch.int32)
+    slots = torch.randperm(POOL, generator=g)[: sum(PREFIX) + bs * N].to(torch.int32)
+    lens = [p + N for p in PREFIX]
+    for i, n in enumerate(lens):
+        be.req_to_token[i + 1, :n] = slots[sum(lens[:i]) : sum(lens[: i + 1])]
+
+    # The verify batch as prepare_for_v2_verify leaves it: draft slots already in
+    # req_to_token, seq_lens = cached prefix, a chain tree mask per request.
+    tri = torch.tril(torch.ones(N, N, dtype=torch.bool))
+    mask = torch.cat([torch.cat([torch.ones(N, p, dtype=torch.bool), tri], 1).reshape(-1) for p in PREFIX])
+    spec = types.SimpleNamespace(custom_mask=mask, draft_token_num=N)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs * N, dtype=torch.int64),
+        req_pool_indices=torch.arange(1, bs + 1), seq_lens=torch.tensor(PREFIX),
+        out_cache_loc=torch.cat([be.req_to_token[i + 1, p : p + N].long() for i, p in enumerate(PREFIX)]),
+        seq_lens_sum=sum(PREFIX), spec_info=spec,
+    )
+    q = torch.randn(bs * N, HEADS * HEAD_DIM, generator=g)
+    k_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g)
+    v_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g)
+
+    def attend(window):
+        layer = types.SimpleNamespace(
+            sliding_window_size=window, layer_id=0, tp_q_head_num=HEADS, qk_head_dim=HEAD_DIM,
+            v_head_dim=HEAD_DIM, k_scale=None, v_scale=None, scaling=HEAD_DIM**-0.5,
+            xai_temperature_len=-1, logit_capping_method="tanh", logit_cap=0.0,
+            is_cross_attention=False, attn_type=AttentionType.DECODER,
+        )
+        return be.forward_extend(q, k_new, v_new, layer, fb).clone()
+
+    out = {}
+    be.init_forward_metadata(fb)
+    stock = {w: attend(w) for w in (WINDOW, -1)}
+    be.chain_verify = ChainVerify(be)
+    be.init_forward_metadata(fb)
+    out["eager_is_decode_shaped"] = be.forward_metadata.qo_indptr is None
+    chain = {w: attend(w) for w in (WINDOW, -1)}
+    # CUDA-graph path: the backend's static buffers, refilled as before a replay.
+    m = bs * N
+    be.cuda_graph_kv_indices = torch.zeros(m * MAX_CTX, dtype=torch.int64)
+    be.cuda_graph_num_kv_splits = torch.zeros(m, dtype=torch.int32)
+    be.cuda_graph_window_num_kv_splits = torch.zeros(m, dtype=torch.int32)
+    be.cuda_graph_attn_logits = torch.zeros(m, HEADS, 8, HEAD_DIM)
+    be.cuda_graph_attn_lse = torch.zeros(m, HEADS, 8)
+    be.cuda_graph_swa_attn_logits = None
+    be.chain_verify.init_cuda_graph_state(m)
+    be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
+    be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
+    graph = {w: attend(w) for w in (WINDOW, -1)}
+    for w, name in ((WINDOW, "sliding"), (-1, "full")):
+        out[name + "_max_diff"] = (chain[w] - stock[w]).abs().max().item()
+        out[name + "_graph_equals_eager"] = torch.equal(graph[w], chain[w])
+    out["splits"] = be.cuda_graph_num_kv_splits.tolist()
+    # Control: a window one key narrower (what triton's decode metadata keeps)
+    # moves the output far beyond the tolerance.
+    be.sliding_window_size = WINDOW - 1
+    be.chain_verify = ChainVerify(be)
+    be.init_forward_metadata(fb)
+    out["narrower_window_diff"] = (attend(WINDOW - 1) - stock[WINDOW]).abs().max().item()
+    return out
+
+
+def test_chain_verify_attends_like_the_extend_kernel():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT ") :])
+    assert out["eager_is_decode_shaped"]
+    assert out["full_max_diff"] < 1e-5, out
+    assert out["sliding_max_diff"] < 1e-5, out
+    assert out["full_graph_equals_eager"] and out["sliding_graph_equals_eager"]
+    assert max(out["splits"]) > 1  # the decode kernel did split the keys
+    assert out["narrower_window_diff"] > 1e-3  # the tolerance sees one key too few
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.exit("run with TRITON_INTERPRET=1")
+    print("RESULT " + json.dumps(_check()), flush=True)

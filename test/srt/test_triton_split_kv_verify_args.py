@@ -1,0 +1,84 @@
+"""--triton-attention-split-kv-verify: parsing, validation, and which backends
+build the decode-shaped verify (layers/attention/triton_chain_verify.py)."""
+
+import copy
+import types
+
+import pytest
+from test_kv_sharing_fast_prefill_args import model, reject, server_args, server_args_from_cli  # noqa: F401
+
+FLAG = "--triton-attention-split-kv-verify"
+
+
+def mtp(model, **overrides):
+    kwargs = dict(
+        kv_sharing_fast_prefill=False,
+        attention_backend="triton",
+        speculative_algorithm="NEXTN",
+        speculative_draft_model_path=model("assistant"),
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+        triton_attention_split_kv_verify=True,
+    )
+    kwargs.update(overrides)
+    return server_args(model("E4B"), **kwargs)
+
+
+def test_default_off_and_cli(model):
+    assert server_args(model("E4B"), kv_sharing_fast_prefill=False).triton_attention_split_kv_verify is False
+    args = server_args_from_cli(
+        ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "triton",
+         "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", model("assistant"),
+         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", FLAG]
+    )
+    assert args.triton_attention_split_kv_verify is True
+    assert args.speculative_algorithm == "FROZEN_KV_MTP" and args.speculative_eagle_topk == 1
+
+
+def test_frozen_kv_mtp_on_triton_accepted(model):
+    args = mtp(model)
+    assert args.triton_attention_split_kv_verify and args.speculative_eagle_topk == 1
+
+
+def test_without_speculative_rejected(model):
+    msg = reject(server_args, model("E4B"), kv_sharing_fast_prefill=False, attention_backend="triton",
+                 triton_attention_split_kv_verify=True)
+    assert FLAG in msg and "--speculative-algorithm" in msg
+
+
+def test_deterministic_inference_rejected(model):
+    msg = reject(mtp, model, enable_deterministic_inference=True)
+    assert FLAG in msg and "--enable-deterministic-inference" in msg
+
+
+def test_other_backend_rejected(model):
+    msg = reject(mtp, model, attention_backend="torch_native")
+    assert FLAG in msg and "'torch_native'" in msg and "--attention-backend triton" in msg
+
+
+def test_draft_tree_rejected(model):
+    from sglang.srt.arg_groups.triton_split_kv_verify_hook import handle_triton_split_kv_verify
+
+    args = copy.copy(mtp(model))
+    args._resolved_overrides = []
+    args.override("test", speculative_eagle_topk=4)
+    msg = reject(handle_triton_split_kv_verify, args)
+    assert "--speculative-eagle-topk 1" in msg and "got 4" in msg
+
+
+@pytest.mark.parametrize(
+    "change, on",
+    [({}, True), ({"topk": 4}, False), ({"topk": 0}, False), ({"enable_deterministic": True}, False),
+     ({"dcp_size": 2}, False), ({"_translate_kv_loc": abs}, False), ({"use_mla": True}, False),
+     ({"skip_prefill": True}, False), ({"flag": False}, False)],
+)
+def test_backend_builds_chain_verify_only_where_wired(change, on):
+    from sglang.srt.layers.attention.triton_chain_verify import chain_verify_enabled
+
+    fields = dict(topk=1, enable_deterministic=False, dcp_size=1, _translate_kv_loc=None, use_mla=False,
+                  skip_prefill=False)
+    flag = change.pop("flag", True)
+    fields.update(change)
+    args = types.SimpleNamespace(triton_attention_split_kv_verify=flag)
+    assert chain_verify_enabled(types.SimpleNamespace(**fields), args) is on
