@@ -135,8 +135,13 @@ K)
   wait
   ;;
 L)
-  gpu 0 timeout 580 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mtp --workloads chat \
-    --modes nospec,mtp,mtp-splitkv,mtp-splitkv-mrr80 > $res/serve_mtp.log 2>&1
+  # served E4B chat | 31B step times (8 running requests: the SWA pool cap at the default 48 does not fit)
+  ( gpu 0 timeout 580 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mtp --workloads chat \
+      --modes nospec,mtp,mtp-splitkv,mtp-splitkv-mrr80 > $res/serve_mtp.log 2>&1 ) &
+  ( FKV_CKPT_DIR=/tmp/fkv1 gpu 1 timeout 570 python3 benchmark/frozen_kv_mtp/profile_draft.py $res/draft_31b \
+      --target 31b --batches 8 --contexts 220,2048 --out-len 64 --repeats 1 --max-running-requests 8 \
+      --modes off,mtp,mtp-splitkv > $res/draft_31b.log 2>&1 ) &
+  wait
   ;;
 G)
   gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 120 \
