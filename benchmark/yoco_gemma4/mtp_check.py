@@ -4,6 +4,7 @@
     python mtp_check.py OUT.json --phases     # which forwards ran YOCO (debug log lines)
     python mtp_check.py OUT.json --yoco off --b-extra '{"triton_attention_split_kv_verify": true}'
         # run A vs run B with YOCO off in both: split-KV verify against the extend kernel
+    python mtp_check.py OUT.json --yoco off --b-mix-seed 2   # stock vs stock, other batch mix
 
 Target: the text-only checkpoint of parity_check.py; drafter: the released E4B
 assistant config (4 layers, all KV-shared with the target), both with the fork's
@@ -61,6 +62,8 @@ def main():
     ap.add_argument("--yoco", default="off-on", choices=["off-on", "off", "on"],
                     help="YOCO in run A (\"off\" in the summary keys) and run B (\"on\"): off then on, or the same in both")
     ap.add_argument("--b-extra", default="{}", help="JSON of engine kwargs for run B only")
+    ap.add_argument("--b-mix-seed", type=int, default=1,
+                    help="batch-mix seed of run B (run A: 1); another seed measures stock's batch variance")
     a = ap.parse_args()
     root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
     model = write_text_checkpoint(f"{root}/{a.variant}", a.variant)
@@ -79,13 +82,14 @@ def main():
     extra, b_extra = json.loads(a.extra), json.loads(a.b_extra)
     yoco_a, yoco_b = {"off-on": (False, True), "off": (False, False), "on": (True, True)}[a.yoco]
     off = run(model, draft, yoco_a, prompts, mix, a.max_new, **extra)
-    on = run(model, draft, yoco_b, prompts, mix, a.max_new, **extra, **b_extra)
+    mix_b = mix if a.b_mix_seed == 1 else batches(len(prompts), a.b_mix_seed)
+    on = run(model, draft, yoco_b, prompts, mix_b, a.max_new, **extra, **b_extra)
     acc = [r["accept_len"] for r in off if r["accept_len"] is not None]
     summary = {
         "variant": a.variant,
         "extra_engine_kwargs": extra,
         # run A is "off" in the keys below, run B "on"
-        "run_a": {"yoco": yoco_a}, "run_b": {"yoco": yoco_b, **b_extra},
+        "run_a": {"yoco": yoco_a}, "run_b": {"yoco": yoco_b, "mix_seed": a.b_mix_seed, **b_extra},
         "prompts": len(prompts),
         "prompt_len_min": min(map(len, prompts)),
         "prompt_len_max": max(map(len, prompts)),

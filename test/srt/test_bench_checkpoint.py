@@ -344,3 +344,23 @@ def test_trace_diff_ranks_host_time_added_inside_the_step(tmp_path):
     rows = diff(ta, tb)
     assert [r[3] for r in rows[:2]] == ["yoco.py(9): plan", "layer.py(1): forward"]
     assert rows[0][0] == 0.3 and rows[1][1] == (0.5, 1) and rows[1][2] == (0.6, 1)
+
+
+def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
+    """verify_kernel_bench.py (FROZEN_KV_MTP verify attention: extend kernel vs split-KV
+    variants) on its tiny shape under Triton's interpreter: one row per point, and the
+    split-KV and decode-row variants compute the extend kernel's attention."""
+    import json
+    import subprocess
+
+    out = tmp_path / "vk.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmark", "frozen_kv_mtp", "verify_kernel_bench.py"),
+         str(out), "--shape", "tiny", "--batches", "2", "--contexts", "5,20", "--dtype", "float32"],
+        env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["batch"], r["context"]) for r in rows] == [(2, 5), (2, 20)]
+    diffs = [v for r in rows for k, v in r.items() if k.endswith("_maxdiff")]
+    assert len(diffs) == 8 and max(diffs) < 1e-5

@@ -235,6 +235,7 @@ def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
     be.dcp_size = 1
     be._translate_kv_loc = None
     be.device = "cpu"
+    be.chain_verify = None  # __init__ sets it (split-KV verify off)
     be.num_head, be.v_head_dim, be.swa_v_head_dim = 2, 4, None
     be.max_kv_splits, be.static_kv_splits, be.enable_deterministic = 4, True, False
     be.device_core_count = 1

@@ -54,6 +54,7 @@ def _check():
     be.token_to_kv_pool = pool
     be.use_sliding_window_kv_pool = False
     be.dcp_size, be.page_size, be.device = 1, 1, "cpu"
+    be.chain_verify = None  # __init__ sets it (split-KV verify off)
     be._translate_kv_loc = None
     be.enable_deterministic = True
     be.extend_attention_fwd_unified = extend_attention_fwd_unified
