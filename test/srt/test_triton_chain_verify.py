@@ -50,7 +50,7 @@ def _check():
     be.__dict__.update(
         sliding_window_size=WINDOW, token_to_kv_pool=pool, use_sliding_window_kv_pool=False,
         dcp_size=1, page_size=1, device="cpu", _translate_kv_loc=None, enable_deterministic=False,
-        use_mla=False, skip_prefill=False, topk=1, num_draft_tokens=N, num_head=HEADS,
+        use_mla=False, skip_prefill=False, is_draft_runner=False, topk=1, num_draft_tokens=N, num_head=HEADS,
         max_kv_splits=8, num_kv_head=KV_HEADS, v_head_dim=HEAD_DIM, swa_v_head_dim=None, static_kv_splits=False,
         device_core_count=132, split_tile_size=None, use_pdl=False, max_context_len=MAX_CTX,
         use_verify_splitkv=False, extend_attention_fwd=extend_attention_fwd,

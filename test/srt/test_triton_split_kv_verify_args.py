@@ -71,14 +71,17 @@ def test_draft_tree_rejected(model):
     "change, on",
     [({}, True), ({"topk": 4}, False), ({"topk": 0}, False), ({"enable_deterministic": True}, False),
      ({"dcp_size": 2}, False), ({"_translate_kv_loc": abs}, False), ({"use_mla": True}, False),
-     ({"skip_prefill": True}, False), ({"flag": False}, False)],
+     ({"skip_prefill": True}, False), ({"is_draft_runner": True}, False), ({"flag": False}, False)],
 )
-def test_backend_builds_chain_verify_only_where_wired(change, on):
+def test_backend_builds_chain_verify_only_where_wired(change, on, caplog):
     from sglang.srt.layers.attention.triton_chain_verify import chain_verify_enabled
 
     fields = dict(topk=1, enable_deterministic=False, dcp_size=1, _translate_kv_loc=None, use_mla=False,
-                  skip_prefill=False)
+                  skip_prefill=False, is_draft_runner=False)
     flag = change.pop("flag", True)
     fields.update(change)
     args = types.SimpleNamespace(triton_attention_split_kv_verify=flag)
     assert chain_verify_enabled(types.SimpleNamespace(**fields), args) is on
+    # A target backend that cannot take it says so; drafts and the flag off stay quiet.
+    unwired = {"enable_deterministic", "dcp_size", "_translate_kv_loc", "use_mla"} & set(change)
+    assert ("is ignored with" in caplog.text) == bool(unwired)

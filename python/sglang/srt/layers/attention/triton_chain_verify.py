@@ -11,13 +11,13 @@ queries run through the split-KV decode kernel instead, one decode row per draft
 token, over `req_to_token[req, :seq_len + i + 1]` (or its sliding window), which
 `prepare_for_v2_verify` has already filled with the draft tokens' slots.
 
-Same keys, same mask; the sum is split over the keys, so the result is not bitwise
-the extend kernel's. Off unless `--triton-attention-split-kv-verify`.
+Same keys (a sliding layer's W + 1, as the extend kernel's mask keeps), same chain
+mask; the sum is split over the keys, so the result is not bitwise the extend
+kernel's. Off unless `--triton-attention-split-kv-verify`.
 """
 
 import dataclasses
 import logging
-from typing import Optional
 
 import torch
 
@@ -28,16 +28,26 @@ def chain_verify_enabled(backend, server_args) -> bool:
     """Whether this backend verifies top-1 chains as decode queries."""
     if not getattr(server_args, "triton_attention_split_kv_verify", False):
         return False
+    if backend.skip_prefill or backend.is_draft_runner or backend.topk != 1:
+        return False  # no TARGET_VERIFY here (drafts); topk > 1 is a tree (hook rejects)
     # Each of these takes a path of its own in forward_extend / the metadata
     # builders; the chain form is only wired for the plain one.
-    return (
-        backend.topk == 1
-        and not backend.enable_deterministic
-        and backend.dcp_size == 1
-        and backend._translate_kv_loc is None
-        and not backend.use_mla
-        and not backend.skip_prefill
-    )
+    unwired = [
+        name
+        for name, on in (
+            ("deterministic inference", backend.enable_deterministic),
+            ("decode context parallelism", backend.dcp_size > 1),
+            ("the unified memory pool", backend._translate_kv_loc is not None),
+            ("MLA", backend.use_mla),
+        )
+        if on
+    ]
+    if unwired:
+        logger.warning(
+            "--triton-attention-split-kv-verify is ignored with %s: verify keeps the "
+            "extend kernel", ", ".join(unwired)
+        )
+    return not unwired
 
 
 def chain_query_lens(seq_lens, req_pool_indices, n):
@@ -185,5 +195,3 @@ class ChainVerify:
             window_kv_indices=window_kv_indices,
         )
         return window_lens
-
-
