@@ -2,6 +2,7 @@
 build the decode-shaped verify (layers/attention/triton_chain_verify.py)."""
 
 import copy
+import logging
 import types
 
 import pytest
@@ -74,14 +75,23 @@ def test_draft_tree_rejected(model):
      ({"skip_prefill": True}, False), ({"is_draft_runner": True}, False), ({"flag": False}, False)],
 )
 def test_backend_builds_chain_verify_only_where_wired(change, on, caplog):
+    from sglang.srt.layers.attention import triton_chain_verify
     from sglang.srt.layers.attention.triton_chain_verify import chain_verify_enabled
+
+    # Engine tests earlier in the session may raise the root level or stop
+    # sglang's loggers propagating: listen on the module's logger itself.
+    caplog.set_level(logging.WARNING, logger=triton_chain_verify.logger.name)
+    triton_chain_verify.logger.addHandler(caplog.handler)
 
     fields = dict(topk=1, enable_deterministic=False, dcp_size=1, _translate_kv_loc=None, use_mla=False,
                   skip_prefill=False, is_draft_runner=False)
     flag = change.pop("flag", True)
     fields.update(change)
     args = types.SimpleNamespace(triton_attention_split_kv_verify=flag)
-    assert chain_verify_enabled(types.SimpleNamespace(**fields), args) is on
+    try:
+        assert chain_verify_enabled(types.SimpleNamespace(**fields), args) is on
+    finally:
+        triton_chain_verify.logger.removeHandler(caplog.handler)
     # A target backend that cannot take it says so; drafts and the flag off stay quiet.
     unwired = {"enable_deterministic", "dcp_size", "_translate_kv_loc", "use_mla"} & set(change)
     assert ("is ignored with" in caplog.text) == bool(unwired)
