@@ -59,7 +59,7 @@ def _check():
     for name, dtype in (("kv_indptr", torch.int32), ("window_kv_indptr", torch.int32),
                         ("qo_indptr", torch.int64), ("mask_indptr", torch.int64)):
         setattr(be, name, torch.zeros(bs + 1, dtype=dtype))
-    be.req_to_token = torch.zeros(bs + 1, MAX_CTX, dtype=torch.int32)
+    be.req_to_token = torch.zeros(bs + 1, MAX_CTX + N + 4, dtype=torch.int32)  # as ReqToTokenPool
     slots = torch.randperm(POOL, generator=g)[: sum(PREFIX) + bs * N].to(torch.int32)
     lens = [p + N for p in PREFIX]
     for i, n in enumerate(lens):
@@ -105,6 +105,8 @@ def _check():
     be.cuda_graph_attn_lse = torch.zeros(m, HEADS, 8)
     be.cuda_graph_swa_attn_logits = None
     be.chain_verify.init_cuda_graph_state(m)
+    # rows reach seq_len + N keys: the index buffer grows to whole req_to_token rows
+    out["graph_kv_indices_fit_rows"] = be.cuda_graph_kv_indices.numel() == m * (MAX_CTX + N + 4)
     be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
     be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
     graph = {w: attend(w) for w in (WINDOW, -1)}
@@ -131,6 +133,7 @@ def test_chain_verify_attends_like_the_extend_kernel():
     assert out["full_max_diff"] < 1e-5, out
     assert out["sliding_max_diff"] < 1e-5, out
     assert out["full_graph_equals_eager"] and out["sliding_graph_equals_eager"]
+    assert out["graph_kv_indices_fit_rows"]
     assert max(out["splits"]) > 1  # the decode kernel did split the keys
     assert out["narrower_window_diff"] > 1e-3  # the tolerance sees one key too few
 

@@ -79,9 +79,15 @@ class ChainVerify:
         """Indptr buffers for max_num_tokens decode rows (the backend's are sized
         for requests) and window indices of W + 1 keys a row (the backend's hold
         W); the full-attention index, split and logits buffers are the backend's,
-        already sized for max_num_tokens rows."""
-        dev = self.backend.device
+        sized for max_num_tokens rows (the index one made a row wider)."""
+        be, dev = self.backend, self.backend.device
         self.kv_indptr = torch.zeros(max_num_tokens + 1, dtype=torch.int32, device=dev)
+        # A draft token sees up to seq_len + N keys: a whole req_to_token row
+        # (context_len + N + 4 wide), past the context_len a row the backend sized
+        # its index buffer for. Only the target verifies, so grow it in place.
+        need = max_num_tokens * be.req_to_token.shape[1]
+        if be.cuda_graph_kv_indices.numel() < need:
+            be.cuda_graph_kv_indices = torch.zeros(need, dtype=torch.int64, device=dev)
         self.window_kv_indptr = self.window_kv_indices = None
         if self.swa:
             self.window_kv_indptr = torch.zeros_like(self.kv_indptr)
