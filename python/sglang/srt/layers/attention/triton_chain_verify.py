@@ -136,10 +136,8 @@ class ChainVerify:
         bs = len(forward_batch.req_pool_indices)
         rows, lens = chain_query_lens(forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n)
         m, dev = bs * n, be.device
-        prefix_sum = forward_batch.seq_lens_sum
-        if prefix_sum is None:  # gpu-only batch; eager verify is off the graph path
-            prefix_sum = int(forward_batch.seq_lens[:bs].sum().item())
-        kv_indices = torch.empty(n * prefix_sum + bs * n * (n + 1) // 2, dtype=torch.int64, device=dev)
+        # Exact size (one sync): eager verify runs only off the CUDA-graph path.
+        kv_indices = torch.empty(int(lens.sum().item()), dtype=torch.int64, device=dev)
         kv_indptr = torch.zeros(m + 1, dtype=torch.int32, device=dev)
         window_kv_indptr = window_kv_indices = None
         if self.swa:
