@@ -16,7 +16,6 @@ mask; the sum is split over the keys, so the result is not bitwise the extend
 kernel's. Off unless `--triton-attention-split-kv-verify`.
 """
 
-import dataclasses
 import logging
 
 import torch
@@ -129,8 +128,11 @@ class ChainVerify:
         )
 
     # --- eager --------------------------------------------------------------------
-    def eager_metadata(self, forward_batch, metadata):
-        """Replace the extend-shaped verify fields of `metadata` by decode-shaped ones."""
+    def eager_fields(self, forward_batch):
+        """Decode-shaped verify metadata, fresh tensors: (kv_indptr, kv_indices,
+        window_kv_indptr, window_kv_indices, num_kv_splits, window_num_kv_splits,
+        attn_logits, attn_lse, swa_attn_logits), the window ones None without a
+        sliding window."""
         be = self.backend
         n = _num_draft_tokens(be, forward_batch.spec_info)
         bs = len(forward_batch.req_pool_indices)
@@ -153,22 +155,16 @@ class ChainVerify:
         def logits(v_dim):
             return torch.empty(m, be.num_head, be.max_kv_splits, v_dim, dtype=torch.float32, device=dev)
 
-        return dataclasses.replace(
-            metadata,
-            attn_logits=logits(be.v_head_dim),
-            attn_lse=torch.empty(m, be.num_head, be.max_kv_splits, dtype=torch.float32, device=dev),
-            max_extend_len=None,
-            num_kv_splits=splits(lens),
-            kv_indptr=kv_indptr,
-            kv_indices=kv_indices,
-            qo_indptr=None,
-            custom_mask=None,
-            mask_indptr=None,
-            window_kv_indptr=window_kv_indptr,
-            window_kv_indices=window_kv_indices,
-            window_num_kv_splits=splits(window_lens) if self.swa else None,
-            window_kv_offsets=None,
-            swa_attn_logits=logits(be.swa_v_head_dim) if be.swa_v_head_dim is not None else None,
+        return (
+            kv_indptr,
+            kv_indices,
+            window_kv_indptr,
+            window_kv_indices,
+            splits(lens),
+            splits(window_lens) if self.swa else None,
+            logits(be.v_head_dim),
+            torch.empty(m, be.num_head, be.max_kv_splits, dtype=torch.float32, device=dev),
+            logits(be.swa_v_head_dim) if be.swa_v_head_dim is not None else None,
         )
 
     # --- shared -------------------------------------------------------------------
