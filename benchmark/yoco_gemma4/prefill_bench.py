@@ -37,11 +37,10 @@ def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, pro
     eng = sgl.Engine(
         model_path=model_dir,
         kv_sharing_fast_prefill=mode in ("on", "on-all"),
-        # "on": the default --kv-sharing-fast-prefill-min-tokens; "on-all": every pass
-        kv_sharing_fast_prefill_min_tokens=0 if mode == "on-all" else 4096,
         disable_radix_cache=True,
         tp_size=tp,
-        **engine_kwargs(**graph),
+        # "on": the server's default --kv-sharing-fast-prefill-min-tokens; "on-all": every pass
+        **engine_kwargs(**graph, **({"kv_sharing_fast_prefill_min_tokens": 0} if mode == "on-all" else {})),
     )
     g = torch.Generator().manual_seed(0)
     ids = lambda n, L: [torch.randint(10, min(200000, vocab), (L,), generator=g).tolist() for _ in range(n)]
