@@ -16,14 +16,13 @@ and one `ROW {json}` line per (mode, workload).
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "yoco_gemma4"))
 from checkpoints import write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
-from run import MTP_ACCEPT_LEN, WORKLOADS, _bench, _server_cmd, _wait_healthy, log  # noqa: E402
+from run import MTP_ACCEPT_LEN, WORKLOADS, _server_cmd, log, serve_workloads  # noqa: E402
 
 MODE_FLAGS = {
     "nospec": [],
@@ -54,18 +53,10 @@ def main():
         port = a.port + i
         cmd = _server_cmd(model, port, False, 1, None if mode == "nospec" else draft) + MODE_FLAGS[mode]
         log(f"serve_mtp: starting server, mode {mode}")
-        proc = subprocess.Popen(cmd, env=env)
-        try:
-            _wait_healthy(port, proc)
-            for name, inp, outp, n, conc in workloads:
-                r = _bench(model, port, name, inp, outp, n, conc, f"{a.out}/serve_{mode}.jsonl")
-                r["mode"] = mode
-                r.pop("ttfts_ms", None)
-                print("ROW " + json.dumps(r), flush=True)
-                rows.append(r)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=120)
+        for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode):
+            r.pop("ttfts_ms", None)
+            print("ROW " + json.dumps(r), flush=True)
+            rows.append(r)
     with open(os.path.join(a.out, "serve_mtp.json"), "w") as f:
         json.dump({"args": vars(a), "accept_len": MTP_ACCEPT_LEN, "rows": rows}, f, indent=1)
 

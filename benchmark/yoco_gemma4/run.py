@@ -131,19 +131,27 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
     for mode in ("off", "on"):
         port = port_base + (mode == "on")
         log(f"serving: starting server, YOCO {mode}{' with FROZEN_KV_MTP' if mtp else ''}")
-        proc = subprocess.Popen(_server_cmd(model, port, mode == "on", tp, draft), env=env)
-        try:
-            _wait_healthy(port, proc)
-            for name, inp, outp, n, conc in workloads:
-                log(f"serving: YOCO {mode}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
-                r = _bench(model, port, name, inp, outp, n, conc, f"{out}/serving_{mode}.jsonl")
-                r["mode"] = mode
-                log("  " + json.dumps({k: v for k, v in r.items() if k != "ttfts_ms"}))
-                res.append(r)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=120)
+        res += serve_workloads(_server_cmd(model, port, mode == "on", tp, draft), env, port, model,
+                               workloads, f"{out}/serving_{mode}.jsonl", f"YOCO {mode}", mode)
     return res
+
+
+def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode):
+    """Start one server, run each workload against it in turn, stop it; rows tagged `mode`."""
+    proc = subprocess.Popen(cmd, env=env)
+    rows = []
+    try:
+        _wait_healthy(port, proc)
+        for name, inp, outp, n, conc in workloads:
+            log(f"serving: {label}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
+            r = _bench(model, port, name, inp, outp, n, conc, jsonl)
+            r["mode"] = mode
+            log("  " + json.dumps({k: v for k, v in r.items() if k != "ttfts_ms"}))
+            rows.append(r)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+    return rows
 
 
 # ------------------------------------------------------------------ report
