@@ -7,7 +7,7 @@
 #   bash benchmark/yoco_gemma4/device_session.sh A   # parity + MTP parity | prefill sweep E4B, E2B
 #   bash benchmark/yoco_gemma4/device_session.sh B   # served E4B          | MTP parity, served under MTP
 #   bash benchmark/yoco_gemma4/device_session.sh P   # which forwards run YOCO under MTP (debug log)
-# Still to run (next-gpu-session.md), one GPU each, alone on the machine for timing:
+# More stages (what each run found: the .humanize/ results files; what is left: next-gpu-session.md):
 #   D  served under MTP, YOCO off and on (summ, chat)
 #   E  concurrency sweep, YOCO off and on
 #   F  short prompts on a quiet machine, eager and with the off side's default prefill graph
