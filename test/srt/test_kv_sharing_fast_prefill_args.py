@@ -185,19 +185,25 @@ def reject(fn, *args, **kwargs) -> str:
     return str(info.value)
 
 
-def run_hook(resolved, **fields):
-    """Run the hook on a copy of a resolved ServerArgs with `fields` set, for
-    settings that ServerArgs on a CPU-only machine rejects before the hook."""
-    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
-        handle_kv_sharing_fast_prefill,
-    )
-
+def with_fields(resolved, **fields):
+    """A copy of a resolved ServerArgs with `fields` set, for settings that
+    ServerArgs on a CPU-only machine rejects before the hooks run."""
     args = copy.copy(resolved)
     args._resolved_overrides = []  # fields are materialized; start a fresh stash
     object.__setattr__(
         args, "cuda_graph_config", copy.deepcopy(resolved.cuda_graph_config)
     )
     args.override("test", **fields)
+    return args
+
+
+def run_hook(resolved, **fields):
+    """Run the hook on with_fields(resolved, **fields)."""
+    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
+        handle_kv_sharing_fast_prefill,
+    )
+
+    args = with_fields(resolved, **fields)
     handle_kv_sharing_fast_prefill(args)
     return args
 

@@ -1,12 +1,17 @@
 """--triton-attention-split-kv-verify: parsing, validation, and which backends
 build the decode-shaped verify (layers/attention/triton_chain_verify.py)."""
 
-import copy
 import logging
 import types
 
 import pytest
-from test_kv_sharing_fast_prefill_args import model, reject, server_args, server_args_from_cli  # noqa: F401
+from test_kv_sharing_fast_prefill_args import (  # noqa: F401
+    model,
+    reject,
+    server_args,
+    server_args_from_cli,
+    with_fields,
+)
 
 FLAG = "--triton-attention-split-kv-verify"
 
@@ -61,10 +66,7 @@ def test_other_backend_rejected(model):
 def test_draft_tree_rejected(model):
     from sglang.srt.arg_groups.triton_split_kv_verify_hook import handle_triton_split_kv_verify
 
-    args = copy.copy(mtp(model))
-    args._resolved_overrides = []
-    args.override("test", speculative_eagle_topk=4)
-    msg = reject(handle_triton_split_kv_verify, args)
+    msg = reject(handle_triton_split_kv_verify, with_fields(mtp(model), speculative_eagle_topk=4))
     assert "--speculative-eagle-topk 1" in msg and "got 4" in msg
 
 
