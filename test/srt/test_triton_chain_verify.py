@@ -10,13 +10,9 @@ differently from the extend kernel's walk, so the check is allclose; an
 off-by-one in the keys a draft token sees moves the output by far more.
 """
 
-import json
-import os
-import subprocess
-import sys
 import types
 
-import pytest
+from triton_interpret import print_result, run_as_script
 
 PREFIX = [3, 38, 40, 41, 90]  # cached tokens per request; WINDOW sits among them
 N = 4  # draft tokens verified per request (steps 3, topk 1)
@@ -124,11 +120,7 @@ def _check():
 
 
 def test_chain_verify_attends_like_the_extend_kernel():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
+    out = run_as_script(__file__)
     assert out["eager_is_decode_shaped"]
     assert out["full_max_diff"] < 1e-5, out
     assert out["sliding_max_diff"] < 1e-5, out
@@ -139,6 +131,4 @@ def test_chain_verify_attends_like_the_extend_kernel():
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.exit("run with TRITON_INTERPRET=1")
-    print("RESULT " + json.dumps(_check()), flush=True)
+    print_result(_check)

@@ -8,13 +8,9 @@ control check proves the test can see one (the window triton would build for a
 one-token extend by itself starts elsewhere and rounds differently).
 """
 
-import json
-import os
-import subprocess
-import sys
 import types
 
-import pytest
+from triton_interpret import print_result, run_as_script
 
 SEQ = [(0, 150), (0, 37), (45, 90), (170, 3)]  # (cached prefix, new tokens)
 WINDOW = 40  # backend.sliding_window_size (config sliding_window - 1)
@@ -115,13 +111,7 @@ def _check():
 
 
 def test_deterministic_back_half_attention_is_the_full_pass_bit_for_bit():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600
-    )
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
+    out = run_as_script(__file__)
     assert out["back_half_mode"] == "EXTEND"
     assert out["full"] == [True] * len(SEQ)
     assert out["sliding"] == [True] * len(SEQ)
@@ -132,6 +122,4 @@ def test_deterministic_back_half_attention_is_the_full_pass_bit_for_bit():
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.exit("run with TRITON_INTERPRET=1")
-    print("RESULT " + json.dumps(_check()), flush=True)
+    print_result(_check)

@@ -1,0 +1,34 @@
+"""Run a test's check under Triton's interpreter (TRITON_INTERPRET=1), on CPU.
+
+Triton reads TRITON_INTERPRET when the kernels are defined, so the check runs in a
+fresh process: the test file runs itself as a script, which prints one RESULT line.
+
+    def test_x():
+        out = run_as_script(__file__)
+
+    if __name__ == "__main__":
+        print_result(_check)
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run_as_script(path, timeout=600) -> dict:
+    """Run `path` with TRITON_INTERPRET=1; the JSON of its last RESULT line."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def print_result(check) -> None:
+    """The script side: run `check()` and print its result as the RESULT line."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.exit("run with TRITON_INTERPRET=1")
+    print("RESULT " + json.dumps(check()), flush=True)
