@@ -18,6 +18,9 @@
 #   J  deterministic parity under MTP | verify-kernel bench, MTP step profile, E4B short-prompt profile
 #   K  split-KV verify: parity vs extend verify, E4B step times | 31B step times (FROZEN_KV_MTP issue)
 #   L  served E4B chat: no speculation vs MTP vs MTP + split-KV verify (+ 80 running requests)
+#   M  text-only E4B with a prefill CUDA graph on both sides (YOCO keeps it below the threshold)
+#   N  served E4B summ and chat with the min-tokens threshold (eager prefill, as run 3)
+#   O  concurrency sweep with the threshold, then the E2B one-pass ceiling
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
 # Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
@@ -142,6 +145,29 @@ L)
       --target 31b --batches 8 --contexts 220,2048 --out-len 64 --repeats 1 --max-running-requests 8 \
       --modes off,mtp,mtp-splitkv > $res/draft_31b.log 2>&1 ) &
   wait
+  ;;
+M)
+  # both sides capture the prefill graph up to 3840 tokens (YOCO's cap below 4096; a
+  # 16384-token capture alone took over 90 s): short prompts must match exactly
+  G='{"disable_prefill_cuda_graph": false, "cuda_graph_max_bs_prefill": 3840, "kv_sharing_fast_prefill_min_tokens": 4096}'
+  gpu 0 timeout 200 python3 $B/parity_check.py $res/parity_graphs_short.json --variant e4b --prompts 96 \
+    --max-len 120 --max-new 16 --extra "$G" > $res/parity_graphs_short.log 2>&1
+  P=64x1,64x8,256x8,1024x2,1024x8,4096x8
+  gpu 0 timeout 220 python3 $B/prefill_bench.py $res/prefill_e4b_graphs.json --variant e4b --serving-graphs \
+    --extra '{"cuda_graph_max_bs_prefill": 3840}' --modes off,on --points $P --repeats 5 \
+    > $res/prefill_e4b_graphs.log 2>&1
+  gpu 0 timeout 110 python3 $B/prefill_bench.py $res/prefill_e4b_eager.json --variant e4b --modes off \
+    --points $P --repeats 5 > $res/prefill_e4b_eager.log 2>&1
+  ;;
+N)
+  gpu 0 timeout 575 python3 $B/run.py $res/serve_e4b --variant e4b --skip-prefill --workloads summ,chat \
+    > $res/serve_e4b.log 2>&1
+  ;;
+O)
+  gpu 0 timeout 420 python3 $B/run.py $res/serve_e4b_conc --variant e4b --skip-prefill \
+    --workloads chat-c1,chat-c8,chat-c32 > $res/serve_e4b_conc.log 2>&1
+  gpu 0 timeout 140 python3 $B/forward_bench.py $res/forward_e2b.json --variant e2b --modes off,on-all,ceiling \
+    --batches 8 --lens 512,1024,2048 --repeats 5 > $res/forward_e2b.log 2>&1
   ;;
 G)
   gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 120 \

@@ -1,16 +1,17 @@
 """Prefill microbenchmark: YOCO off vs on vs the ceiling (front layers only), same GPU, one run.
 
     python prefill_bench.py OUT.json [--variant e4b] [--points 8000x8,1024x8,...] [--serving-graphs]
-        [--profile-point 64x8]
+        [--profile-point 64x8] [--extra '{"cuda_graph_max_bs_prefill": 3840}']
 
 Each mode gets its own Engine (the flag is per server). Times Engine.generate with
 max_new_tokens=1 (one prefill pass per batch), radix cache off, after a warm-up;
 modes: off, on (default --kv-sharing-fast-prefill-min-tokens), on-all (min tokens 0:
 the fast path on every pass), ceiling (the front layers alone);
 median of --repeats. Prints RESULT lines and writes raw JSON. Prefill is eager in
-every mode, unless --serving-graphs: off and the ceiling then keep SGLang's default
-prefill CUDA graph (text-only Gemma4ForCausalLM captures one), as a server would run
-them, while YOCO on stays eager (the flag turns the prefill graph off).
+every mode, unless --serving-graphs: every mode then keeps SGLang's default prefill
+CUDA graph (text-only Gemma4ForCausalLM captures one), as a server would run it. With
+YOCO on, the graph only holds passes below the min-tokens threshold (larger ones take
+the fast path, eager); on-all (threshold 0) runs without one.
 --profile-point LxN: after the timings, each mode profiles one prefill of that shape
 (torch profiler in the scheduler; trace_summary.py): GPU kernel time, kernels
 launched by the host, top CPU ops. PROFILE lines on stdout, summaries in the JSON.
@@ -29,18 +30,20 @@ from checkpoints import ceiling_variant, engine_kwargs, text_config, write_text_
 DEFAULT_POINTS = "64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1,2048x8,4096x1,4096x8,8000x1,8000x8,16000x1,16000x8,32000x1"
 
 
-def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, profile_point=None, profile_dir=None):
+def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, profile_point=None, profile_dir=None,
+          extra=None):
     import torch
     import sglang as sgl
 
-    graph = {"disable_prefill_cuda_graph": False} if serving_graphs and mode not in ("on", "on-all") else {}
+    graph = {"disable_prefill_cuda_graph": False} if serving_graphs else {}
     eng = sgl.Engine(
         model_path=model_dir,
         kv_sharing_fast_prefill=mode in ("on", "on-all"),
         disable_radix_cache=True,
         tp_size=tp,
         # "on": the server's default --kv-sharing-fast-prefill-min-tokens; "on-all": every pass
-        **engine_kwargs(**graph, **({"kv_sharing_fast_prefill_min_tokens": 0} if mode == "on-all" else {})),
+        **engine_kwargs(**graph, **({"kv_sharing_fast_prefill_min_tokens": 0} if mode == "on-all" else {}),
+                        **(extra or {})),
     )
     g = torch.Generator().manual_seed(0)
     ids = lambda n, L: [torch.randint(10, min(200000, vocab), (L,), generator=g).tolist() for _ in range(n)]
@@ -81,8 +84,9 @@ def main():
     ap.add_argument("--modes", default="off,on,ceiling")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--profile-point", default="", help="LxN: profile one prefill of that shape per mode")
+    ap.add_argument("--extra", default="{}", help="JSON of engine kwargs for every mode")
     ap.add_argument("--serving-graphs", action="store_true",
-                    help="off/ceiling keep the default prefill CUDA graph (YOCO on cannot use one)")
+                    help="keep the default prefill CUDA graph (with YOCO on: below the threshold)")
     a = ap.parse_args()
     points = [tuple(int(x) for x in p.split("x")) for p in a.points.split(",")]
     profile = tuple(int(x) for x in a.profile_point.split("x")) if a.profile_point else None
@@ -97,7 +101,7 @@ def main():
         print(f"== mode {mode}", flush=True)
         results += sweep(mode, ceiling if mode == "ceiling" else full, points, a.repeats, a.tp,
                          text_config(a.variant)["vocab_size"], a.serving_graphs, profile,
-                         os.path.dirname(os.path.abspath(a.out)))
+                         os.path.dirname(os.path.abspath(a.out)), json.loads(a.extra))
     by = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in results if "median_s" in r}
     table = []
     for L, n in points:

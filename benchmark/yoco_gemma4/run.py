@@ -2,7 +2,7 @@
 
     python benchmark/yoco_gemma4/run.py OUTDIR [--variant e4b] [--quick]
         [--skip-prefill] [--skip-serving] [--tp 1] [--mtp] [--workloads summ,chat] [--port 30000]
-        [--multimodal]
+        [--multimodal] [--prefill-graph]
     python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
 
 1. Prefill (engine level, prefill_bench.py): lengths 64 .. 32k at batch 1 and 8, YOCO
@@ -15,6 +15,8 @@
    4 draft tokens) at SGLANG_SIMULATE_ACC_LEN=2.1, the original study's accept length.
    --multimodal serves the released layout (Gemma4ForConditionalGeneration with vision
    and audio towers, make_checkpoint.py --multimodal) instead of the text-only one.
+   --prefill-graph keeps SGLang's default prefill CUDA graph on both servers (the text-only
+   layout captures one); YOCO on keeps it for passes below its min-tokens threshold.
 Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
 OUTDIR/speedup.png, OUTDIR/ttft.png (median TTFT per workload) and OUTDIR/ttft_cdf.png
 (TTFT distributions, off vs on). Progress lines go to stdout.
@@ -68,9 +70,10 @@ def run_prefill(out, variant, quick, tp):
 # ------------------------------------------------------------------ serving
 
 
-def _server_cmd(model, port, yoco, tp, draft=None):
+def _server_cmd(model, port, yoco, tp, draft=None, prefill_graph=False):
     """The engine settings of the prefill benchmark, as server flags."""
-    kw = engine_kwargs(skip_tokenizer_init=False, tp_size=tp, log_level="warning", **(mtp_kwargs(draft) if draft else {}))
+    kw = engine_kwargs(skip_tokenizer_init=False, tp_size=tp, log_level="warning", **(mtp_kwargs(draft) if draft else {}),
+                       **({"disable_prefill_cuda_graph": False} if prefill_graph else {}))
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port)]
     for k, v in kw.items():
         if v is False or v is None:
@@ -112,7 +115,8 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl):
             "ttfts_ms": sorted(1000 * t for t in m.get("ttfts") or [] if t > 0), "completed": m.get("completed")}
 
 
-def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, multimodal=False):
+def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, multimodal=False,
+                prefill_graph=False):
     model = make_checkpoint(f"{out}/ckpt-{variant}{'-mm' if multimodal else ''}", variant, multimodal)
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
     draft = None
@@ -131,7 +135,7 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
     for mode in ("off", "on"):
         port = port_base + (mode == "on")
         log(f"serving: starting server, YOCO {mode}{' with FROZEN_KV_MTP' if mtp else ''}")
-        res += serve_workloads(_server_cmd(model, port, mode == "on", tp, draft), env, port, model,
+        res += serve_workloads(_server_cmd(model, port, mode == "on", tp, draft, prefill_graph), env, port, model,
                                workloads, f"{out}/serving_{mode}.jsonl", f"YOCO {mode}", mode)
     return res
 
@@ -162,7 +166,8 @@ def report(out):
         data = json.load(f)
     mtp = " under FROZEN_KV_MTP, accept length " + MTP_ACCEPT_LEN if data.get("mtp") else ""
     layout = ", Gemma4ForConditionalGeneration" if data.get("multimodal") else ""
-    lines = [f"# YOCO off vs on ({data['variant']}{layout}{mtp}, TP={data.get('tp', 1)}, one run)", ""]
+    graph = ", default prefill CUDA graph" if data.get("prefill_graph") else ""
+    lines = [f"# YOCO off vs on ({data['variant']}{layout}{mtp}{graph}, TP={data.get('tp', 1)}, one run)", ""]
     pre = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in data.get("prefill", [])}
     if pre:
         lines += ["| input x batch | off (ms) | on (ms) | ceiling (ms) | speed-up | ceiling | share |",
@@ -257,15 +262,18 @@ def main():
     ap.add_argument("--workloads", default="", help="comma list of served workloads (default: all)")
     ap.add_argument("--port", type=int, default=30000, help="servers use PORT (off) and PORT+1 (on)")
     ap.add_argument("--multimodal", action="store_true", help="serve the Gemma4ForConditionalGeneration layout")
+    ap.add_argument("--prefill-graph", action="store_true", help="servers keep the default prefill CUDA graph")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if not a.report_only:
-        data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "multimodal": a.multimodal, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "multimodal": a.multimodal,
+                "prefill_graph": a.prefill_graph, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         if not a.skip_prefill:
             data["prefill"] = run_prefill(a.out, a.variant, a.quick, a.tp)
         if not a.skip_serving:
             only = [w for w in a.workloads.split(",") if w]
-            data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp, a.mtp, only, a.port, a.multimodal)
+            data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp, a.mtp, only, a.port, a.multimodal,
+                                          a.prefill_graph)
         with open(f"{a.out}/results.json", "w") as f:
             json.dump(data, f, indent=1)
     report(a.out)

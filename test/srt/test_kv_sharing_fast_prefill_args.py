@@ -286,7 +286,11 @@ CLI_VS_KWARGS = {
         {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "E4B"},
         ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "E4B"],
     ),
-    "pinned prefill graph rejected": (
+    "pinned tc_piecewise prefill graph rejected": (
+        {"attention_backend": "triton", "cuda_graph_backend_prefill": "tc_piecewise"},
+        ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "tc_piecewise"],
+    ),
+    "pinned breakable prefill graph accepted": (
         {"attention_backend": "triton", "cuda_graph_backend_prefill": "breakable"},
         ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "breakable"],
     ),
@@ -308,8 +312,8 @@ def test_cli_and_engine_kwargs_decide_alike(model, case):
             args = build()
         except ValueError as e:
             return ("rejected", str(e))
-        prefill_graph = args.cuda_graph_config.prefill.backend
-        return ("accepted", args.kv_sharing_fast_prefill, prefill_graph)
+        graph = args.cuda_graph_config.prefill
+        return ("accepted", args.kv_sharing_fast_prefill, graph.backend, graph.bs)
 
     from_kwargs = outcome(lambda: server_args(path, **kwargs))
     from_cli = outcome(lambda: server_args_from_cli(argv))
@@ -556,16 +560,90 @@ def test_multi_item_scoring_rejected(e4b_resolved):
 @pytest.mark.parametrize(
     "overrides",
     [
-        dict(cuda_graph_backend_prefill="breakable"),
+        dict(cuda_graph_backend_prefill="tc_piecewise"),
         dict(cuda_graph_config={"prefill": {"backend": "tc_piecewise"}}),
+        # Breakable is kept only below the threshold: 0 sends every pass to
+        # the fast path, 4 leaves no capture size (the smallest is 4) below it.
+        dict(cuda_graph_backend_prefill="breakable", kv_sharing_fast_prefill_min_tokens=0),
+        dict(cuda_graph_backend_prefill="breakable", kv_sharing_fast_prefill_min_tokens=4),
     ],
-    ids=["--cuda-graph-backend-prefill", "--cuda-graph-config"],
+    ids=["--cuda-graph-backend-prefill", "--cuda-graph-config", "breakable-min0", "breakable-min4"],
 )
 def test_pinned_prefill_cuda_graph_rejected(model, overrides):
     msg = reject(server_args, model("E4B"), attention_backend="triton", **overrides)
     assert "prefill CUDA graph" in msg
     assert "set explicitly" in msg
+    assert "--kv-sharing-fast-prefill-min-tokens" in msg
     assert "--disable-prefill-cuda-graph" in msg
+
+
+def _hook_records(caplog, level):
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == HOOK_LOGGER and r.levelno == level
+    ]
+
+
+@pytest.mark.parametrize("min_tokens", [4096, 1024, 300])
+def test_breakable_prefill_graph_capped_below_threshold(model, caplog, min_tokens):
+    """Passes below min-tokens run the full computation and keep their graph;
+    every capture size at or above it is dropped, so those passes run eager."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    plain = server_args(
+        model("E4B"),
+        attention_backend="triton",
+        cuda_graph_backend_prefill="breakable",
+        kv_sharing_fast_prefill=False,
+    ).cuda_graph_config.prefill
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        args = server_args(
+            model("E4B"),
+            attention_backend="triton",
+            cuda_graph_backend_prefill="breakable",
+            kv_sharing_fast_prefill_min_tokens=min_tokens,
+        )
+    graph = args.cuda_graph_config.prefill
+    assert graph.backend == Backend.BREAKABLE
+    assert graph.bs == [s for s in plain.bs if s < min_tokens]
+    assert graph.max_bs == graph.bs[-1] < min_tokens
+    capped = any("capped" in m for m in _hook_records(caplog, logging.INFO))
+    assert capped == (plain.max_bs >= min_tokens)
+    assert not _hook_records(caplog, logging.WARNING)
+
+
+def test_defaulted_breakable_prefill_graph_capped_quietly(e4b_resolved, caplog):
+    """The CUDA default (breakable, as a GPU server resolves it) is capped too."""
+    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
+        handle_kv_sharing_fast_prefill,
+    )
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    on_gpu = with_fields(e4b_resolved)
+    on_gpu.cuda_graph_config.prefill.backend = Backend.BREAKABLE
+    on_gpu.cuda_graph_config.prefill.bs = [256, 2048, 3840, 4096, 8192]
+    on_gpu.cuda_graph_config.prefill.max_bs = 8192
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        handle_kv_sharing_fast_prefill(on_gpu)
+    graph = on_gpu.cuda_graph_config.prefill
+    assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048, 3840], 3840)
+    assert not _hook_records(caplog, logging.WARNING)
+
+
+def test_pinned_capture_sizes_above_threshold_dropped_with_warning(model, caplog):
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        args = server_args(
+            model("E4B"),
+            attention_backend="triton",
+            cuda_graph_config={"prefill": {"backend": "breakable", "bs": [256, 2048, 8192]}},
+        )
+    graph = args.cuda_graph_config.prefill
+    assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048], 2048)
+    (warning,) = _hook_records(caplog, logging.WARNING)
+    assert "capped at 2048 tokens" in warning and ">= 4096" in warning
 
 
 def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(model, caplog):

@@ -181,20 +181,64 @@ def _check_unsupported_features(server_args: ServerArgs, view: Any) -> None:
             )
 
 
-def _handle_prefill_cuda_graph(server_args: ServerArgs) -> None:
+def _cap_breakable_prefill_graph(server_args: ServerArgs, min_tokens: int) -> bool:
+    """Keep the breakable prefill graph for passes below ``min_tokens``.
+
+    Those passes run every layer on every token, exactly as without the flag,
+    so a graph captured at such a size replays them unchanged; passes of
+    ``min_tokens`` or more exceed the largest capture size and run eager, where
+    the fast path applies. False when no capture size is left below it."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
+
+    cfg = server_args.cuda_graph_config.prefill
+    if cfg.backend != Backend.BREAKABLE or min_tokens <= 0:
+        return False
+    sizes = cfg.bs
+    if sizes is None:
+        sizes = server_args._generate_prefill_cuda_graph_batch_sizes(
+            cfg.max_bs or server_args.chunked_prefill_size
+        )
+    kept = sorted(s for s in sizes if s < min_tokens)
+    if not kept:
+        return False
+    if len(kept) < len(sizes):
+        pinned = {(Phase.PREFILL, "bs"), (Phase.PREFILL, "max_bs")}
+        log = logger.warning if pinned & server_args._cuda_graph_config_locked else logger.info
+        log(
+            "Prefill CUDA graph (%s) capped at %d tokens because %s is on: passes "
+            "of >= %d new tokens (--kv-sharing-fast-prefill-min-tokens) take the "
+            "fast path, whose KV-shared layers run on a data-dependent number of "
+            "tokens, and run eager; smaller passes replay the graph as before.",
+            cfg.backend,
+            kept[-1],
+            FLAG,
+            min_tokens,
+        )
+    cfg.bs = kept
+    cfg.max_bs = kept[-1]
+    return True
+
+
+def _handle_prefill_cuda_graph(server_args: ServerArgs, min_tokens: int) -> None:
     """The fast prefill gathers each request's last token before the
     KV-shared layers, a data-dependent shape a captured prefill graph cannot
-    replay; decode graphs are unaffected."""
+    replay; decode graphs are unaffected. A breakable prefill graph is kept
+    for the passes below the threshold; any other one is turned off."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
 
     backend = server_args.cuda_graph_config.prefill.backend
     if backend == Backend.DISABLED:
         return
+    if _cap_breakable_prefill_graph(server_args, min_tokens):
+        return
     if (Phase.PREFILL, "backend") in server_args._cuda_graph_config_locked:
         raise ValueError(
-            f"{FLAG} is incompatible with the prefill CUDA graph "
-            f"(backend {backend!r}) that was set explicitly: drop that setting "
-            "(--cuda-graph-backend-prefill or the prefill backend in "
+            f"{FLAG} cannot keep the prefill CUDA graph (backend {backend!r}) "
+            f"that was set explicitly: it keeps only a {Backend.BREAKABLE!r} one, "
+            "for the passes below --kv-sharing-fast-prefill-min-tokens "
+            f"({min_tokens}), with capture sizes below that. Use "
+            "--cuda-graph-backend-prefill breakable with a larger min-tokens, "
+            "drop the prefill backend setting (--cuda-graph-backend-prefill or "
             "--cuda-graph-config) so it is turned off automatically, or pass "
             "--disable-prefill-cuda-graph."
         )
@@ -209,7 +253,7 @@ def _handle_prefill_cuda_graph(server_args: ServerArgs) -> None:
 
 
 def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
-    """Validate --kv-sharing-fast-prefill; may turn off a defaulted prefill graph."""
+    """Validate --kv-sharing-fast-prefill; may cap or turn off the prefill graph."""
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(server_args)
@@ -227,7 +271,7 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     _check_speculative(view.speculative_algorithm)
     _check_attention_backends(server_args)
     _check_unsupported_features(server_args, view)
-    _handle_prefill_cuda_graph(server_args)
+    _handle_prefill_cuda_graph(server_args, view.kv_sharing_fast_prefill_min_tokens)
 
     logger.info(
         "KV-sharing fast prefill (YOCO) on: first KV-shared layer %d of %d; "
