@@ -55,7 +55,7 @@ def run(model_dir, yoco, prompts, mixes, max_new, tp=1, extra=None):
     import sglang as sgl
 
     # min_tokens=0 unless --extra sets it: the fast path takes every prefill pass, short ones too.
-    kw = dict(kv_sharing_fast_prefill_min_tokens=0, cuda_graph_max_bs_decode=32, **(extra or {}))
+    kw = {"kv_sharing_fast_prefill_min_tokens": 0, "cuda_graph_max_bs_decode": 32, **(extra or {})}
     eng = sgl.Engine(model_path=model_dir, kv_sharing_fast_prefill=yoco, tp_size=tp, **engine_kwargs(**kw))
     results = []
     for mix in mixes:
