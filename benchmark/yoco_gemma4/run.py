@@ -70,10 +70,10 @@ def run_prefill(out, variant, quick, tp):
 # ------------------------------------------------------------------ serving
 
 
-def _server_cmd(model, port, yoco, tp, draft=None, prefill_graph=False):
-    """The engine settings of the prefill benchmark, as server flags."""
+def _server_cmd(model, port, yoco, tp, draft=None, **extra):
+    """The engine settings of the prefill benchmark (plus `extra` engine kwargs), as server flags."""
     kw = engine_kwargs(skip_tokenizer_init=False, tp_size=tp, log_level="warning", **(mtp_kwargs(draft) if draft else {}),
-                       **({"disable_prefill_cuda_graph": False} if prefill_graph else {}))
+                       **extra)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port)]
     for k, v in kw.items():
         if v is False or v is None:
@@ -131,11 +131,16 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
         workloads = [("summ", 8000, 200, 16, None), ("chat", 1000, 200, 16, None)]
     if only:
         workloads = [w for w in workloads if w[0] in only]
+    extra = {"disable_prefill_cuda_graph": False} if prefill_graph else {}
+    if multimodal:
+        # The server's warm-up runs the vision tower; on SM90 its default attention is
+        # FA3 from sgl_kernel, which the device wheel packs lack (run 12).
+        extra["mm_attention_backend"] = "triton_attn"
     res = []
     for mode in ("off", "on"):
         port = port_base + (mode == "on")
         log(f"serving: starting server, YOCO {mode}{' with FROZEN_KV_MTP' if mtp else ''}")
-        res += serve_workloads(_server_cmd(model, port, mode == "on", tp, draft, prefill_graph), env, port, model,
+        res += serve_workloads(_server_cmd(model, port, mode == "on", tp, draft, **extra), env, port, model,
                                workloads, f"{out}/serving_{mode}.jsonl", f"YOCO {mode}", mode)
     return res
 
