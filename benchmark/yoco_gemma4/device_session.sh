@@ -21,6 +21,7 @@
 #   M  text-only E4B with a prefill CUDA graph on both sides (YOCO keeps it below the threshold)
 #   N  served E4B summ and chat with the min-tokens threshold (eager prefill, as run 3)
 #   O  concurrency sweep with the threshold, then the E2B one-pass ceiling
+#   Q  what run 12 left: concurrency c8/c32 with YOCO on; the released multimodal layout
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
 # Before stage A, in the same call: bash .device/install_pack.sh .device/packs/pack-3
@@ -168,6 +169,12 @@ O)
     --workloads chat-c1,chat-c8,chat-c32 > $res/serve_e4b_conc.log 2>&1
   gpu 0 timeout 140 python3 $B/forward_bench.py $res/forward_e2b.json --variant e2b --modes off,on-all,ceiling \
     --batches 8 --lens 512,1024,2048 --repeats 5 > $res/forward_e2b.log 2>&1
+  ;;
+Q)
+  gpu 0 timeout 250 python3 $B/run.py $res/serve_e4b_conc_on --variant e4b --skip-prefill --modes on \
+    --workloads chat-c8,chat-c32 > $res/serve_e4b_conc_on.log 2>&1
+  gpu 0 timeout 320 python3 $B/run.py $res/serve_e4b_mm --variant e4b --skip-prefill --multimodal --quick \
+    --workloads summ,chat > $res/serve_e4b_mm.log 2>&1
   ;;
 G)
   gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 120 \

@@ -2,7 +2,7 @@
 
     python benchmark/yoco_gemma4/run.py OUTDIR [--variant e4b] [--quick]
         [--skip-prefill] [--skip-serving] [--tp 1] [--mtp] [--workloads summ,chat] [--port 30000]
-        [--multimodal] [--prefill-graph]
+        [--multimodal] [--prefill-graph] [--modes off,on]
     python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
 
 1. Prefill (engine level, prefill_bench.py): lengths 64 .. 32k at batch 1 and 8, YOCO
@@ -17,6 +17,7 @@
    and audio towers, make_checkpoint.py --multimodal) instead of the text-only one.
    --prefill-graph keeps SGLang's default prefill CUDA graph on both servers (the text-only
    layout captures one); YOCO on keeps it for passes below its min-tokens threshold.
+   --modes on (or off) serves one side only, to complete a run that stopped part way.
 Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
 OUTDIR/speedup.png, OUTDIR/ttft.png (median TTFT per workload) and OUTDIR/ttft_cdf.png
 (TTFT distributions, off vs on). Progress lines go to stdout.
@@ -116,7 +117,7 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl):
 
 
 def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, multimodal=False,
-                prefill_graph=False):
+                prefill_graph=False, modes=("off", "on")):
     model = make_checkpoint(f"{out}/ckpt-{variant}{'-mm' if multimodal else ''}", variant, multimodal)
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
     draft = None
@@ -137,7 +138,7 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
         # FA3 from sgl_kernel, which the device wheel packs lack (run 12).
         extra["mm_attention_backend"] = "triton_attn"
     res = []
-    for mode in ("off", "on"):
+    for mode in modes:
         port = port_base + (mode == "on")
         log(f"serving: starting server, YOCO {mode}{' with FROZEN_KV_MTP' if mtp else ''}")
         res += serve_workloads(_server_cmd(model, port, mode == "on", tp, draft, **extra), env, port, model,
@@ -268,7 +269,10 @@ def main():
     ap.add_argument("--port", type=int, default=30000, help="servers use PORT (off) and PORT+1 (on)")
     ap.add_argument("--multimodal", action="store_true", help="serve the Gemma4ForConditionalGeneration layout")
     ap.add_argument("--prefill-graph", action="store_true", help="servers keep the default prefill CUDA graph")
+    ap.add_argument("--modes", default="off,on", help="served YOCO modes: off,on | off | on")
     a = ap.parse_args()
+    if a.modes not in ("off,on", "off", "on"):
+        ap.error(f"--modes must be off,on, off or on (got {a.modes!r})")
     os.makedirs(a.out, exist_ok=True)
     if not a.report_only:
         data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "multimodal": a.multimodal,
@@ -278,7 +282,7 @@ def main():
         if not a.skip_serving:
             only = [w for w in a.workloads.split(",") if w]
             data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp, a.mtp, only, a.port, a.multimodal,
-                                          a.prefill_graph)
+                                          a.prefill_graph, tuple(a.modes.split(",")))
         with open(f"{a.out}/results.json", "w") as f:
             json.dump(data, f, indent=1)
     report(a.out)
