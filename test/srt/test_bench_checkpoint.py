@@ -364,3 +364,30 @@ def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
     assert [(r["batch"], r["context"]) for r in rows] == [(2, 5), (2, 20)]
     diffs = [v for r in rows for k, v in r.items() if k.endswith("_maxdiff")]
     assert len(diffs) == 8 and max(diffs) < 1e-5
+
+
+def test_served_benchmark_server_flags(tmp_path, monkeypatch):
+    """run.py's servers: the flag only on the "on" side, --modes picks the sides, the
+    multimodal layout gets a vision attention backend that needs no FA3, and
+    --prefill-graph keeps the prefill CUDA graph that the benchmark otherwise turns off."""
+    import run
+
+    cmds = []
+    monkeypatch.setattr(run, "make_checkpoint", lambda path, *a, **k: path)
+    monkeypatch.setattr(run, "serve_workloads", lambda cmd, *a, **k: cmds.append(cmd) or [])
+
+    def flag(cmd, name):
+        return cmd[cmd.index(name) + 1] if name in cmd else None
+
+    run.run_serving(str(tmp_path), "e4b", quick=True, tp=1, only=["summ"])
+    off, on = cmds
+    assert "--kv-sharing-fast-prefill" not in off and "--kv-sharing-fast-prefill" in on
+    assert all("--disable-prefill-cuda-graph" in c and flag(c, "--mm-attention-backend") is None for c in cmds)
+
+    cmds.clear()
+    run.run_serving(str(tmp_path), "e4b", quick=True, tp=1, only=["summ"], multimodal=True,
+                    prefill_graph=True, modes=("on",))
+    (on,) = cmds
+    assert "--kv-sharing-fast-prefill" in on
+    assert flag(on, "--mm-attention-backend") == "triton_attn"
+    assert "--disable-prefill-cuda-graph" not in on
