@@ -31,10 +31,9 @@ from parity_check import batches, make_prompts  # noqa: E402
 def run(model_dir, draft_dir, yoco, prompts, mix, max_new, **extra):
     import sglang as sgl
 
-    kw = engine_kwargs(**mtp_kwargs(draft_dir), **extra)
-    # min_tokens=0: the fast path takes every prefill pass, short ones too.
-    eng = sgl.Engine(model_path=model_dir, kv_sharing_fast_prefill=yoco,
-                     kv_sharing_fast_prefill_min_tokens=0, **kw)
+    # min_tokens=0 unless --extra sets it: the fast path takes every prefill pass, short ones too.
+    kw = engine_kwargs(**mtp_kwargs(draft_dir), **{"kv_sharing_fast_prefill_min_tokens": 0, **extra})
+    eng = sgl.Engine(model_path=model_dir, kv_sharing_fast_prefill=yoco, **kw)
     res = [None] * len(prompts)
     for group in mix:
         outs = eng.generate(
