@@ -658,11 +658,7 @@ def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(model, caplog)
         args = server_args(model("E4B"), attention_backend="triton")
     assert args.cuda_graph_config.prefill.backend == Backend.DISABLED
     assert args.cuda_graph_config.decode == plain.cuda_graph_config.decode
-    warnings = [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == HOOK_LOGGER and r.levelno == logging.WARNING
-    ]
+    warnings = _hook_records(caplog, logging.WARNING)
     assert len(warnings) == 1
     assert "Disabling prefill CUDA graph" in warnings[0]
     assert FLAG in warnings[0]
