@@ -23,6 +23,7 @@
 #   O  concurrency sweep with the threshold, then the E2B one-pass ceiling
 #   Q  what run 12 left: concurrency c8/c32 with YOCO on; the released multimodal layout
 #   S1/S2  the released multimodal layout served in full (summ, chat, 80 prompts): E4B / E2B
+#   S1on   S1's YOCO-on server alone (run 13: S1 ran out of time there)
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
@@ -184,10 +185,11 @@ R)
   gpu 0 timeout 220 python3 $B/prefill_bench.py $res/prefill_e2b_profile.json --variant e2b --modes on-all,ceiling \
     --points 1024x8,2048x8 --repeats 5 --profile-point 1024x8 > $res/prefill_e2b_profile.log 2>&1
   ;;
-S1|S2)
-  v=$([ $stage = S1 ] && echo e4b || echo e2b)
-  gpu 0 timeout 400 python3 $B/run.py $res/serve_${v}_mm --variant $v --skip-prefill --multimodal \
-    --workloads summ,chat > $res/serve_${v}_mm.log 2>&1
+S1|S2|S1on)
+  v=$([ $stage = S2 ] && echo e2b || echo e4b)
+  modes=$([ $stage = S1on ] && echo on || echo off,on)
+  gpu 0 timeout $([ $stage = S1on ] && echo 300 || echo 400) python3 $B/run.py $res/serve_${v}_mm --variant $v --skip-prefill --multimodal \
+    --modes $modes --workloads summ,chat > $res/serve_${v}_mm.log 2>&1
   ;;
 G)
   gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 120 \
