@@ -187,8 +187,9 @@ R)
   ;;
 S1|S2|S1on)
   v=$([ $stage = S2 ] && echo e2b || echo e4b)
-  modes=$([ $stage = S1on ] && echo on || echo off,on)
-  gpu 0 timeout $([ $stage = S1on ] && echo 300 || echo 400) python3 $B/run.py $res/serve_${v}_mm --variant $v --skip-prefill --multimodal \
+  modes=off,on t=400
+  [ $stage = S1on ] && modes=on t=300
+  gpu 0 timeout $t python3 $B/run.py $res/serve_${v}_mm --variant $v --skip-prefill --multimodal \
     --modes $modes --workloads summ,chat > $res/serve_${v}_mm.log 2>&1
   ;;
 G)
