@@ -19,6 +19,9 @@ nothing else is cached). So the back half runs on one token per request:
      an extend of one token per request instead, with the full pass's key
      layout, so it rounds exactly as the full pass does (see
      ``_extend_shaped_back_half``).
+     Where the model captured its back half at start-up (triton with CUDA
+     graphs, ``kv_sharing_fast_prefill_graph``), the decode-shaped step
+     replays that graph instead, with metadata in the graph's own backend.
   3. The model scatters the rows back, so the final norm, LogitsProcessor and
      LAST hidden capture see exactly what the full computation produces there.
 
@@ -86,6 +89,9 @@ class FastPrefillPlan:
     # metadata, built before the front half is launched.
     batch: Optional[ForwardBatch] = None
     back_attrs: Optional[dict] = None
+    # Captured back half (kv_sharing_fast_prefill_graph) that runs these rows,
+    # or None: eager, with back_attrs.
+    graphs: Optional[object] = None
 
 
 def fast_prefill_skip_reason(
@@ -172,8 +178,10 @@ def plan_fast_prefill(
     layers_to_capture: Sequence[int] = (),
     pp_size: int = 1,
     min_tokens: int = 0,
+    graphs=None,
 ) -> Optional[FastPrefillPlan]:
-    """The back-half plan for this pass, or None to run every layer on every token."""
+    """The back-half plan for this pass, or None to run every layer on every token.
+    ``graphs``: the model's captured back half, used when it holds the rows."""
     reason = fast_prefill_skip_reason(
         forward_batch, first_shared_layer, layers_to_capture, pp_size, min_tokens
     )
@@ -202,6 +210,12 @@ def plan_fast_prefill(
     )
     if plan.num_reqs > 0:
         backend = get_attn_backend()
+        if graphs is not None and graphs.can_run(plan.num_reqs):
+            # Captured only where the back half is decode-shaped; the graph
+            # builds its metadata in its own backend.
+            plan.graphs = graphs
+            plan.batch = make_back_half_batch(forward_batch, plan)
+            return plan
         plan.batch = make_back_half_batch(
             forward_batch, plan, extend_shaped=_extend_shaped_back_half(backend)
         )
@@ -390,6 +404,14 @@ def run_back_half(
     if plan.num_reqs == 0:
         return hidden_states
     rows = plan.token_index
+    if plan.graphs is not None:
+        if not kwargs:
+            h = plan.graphs.run(plan, hidden_states, per_layer_inputs)
+            return hidden_states.index_copy(0, rows, h)
+        # The graphs were captured without these layer arguments: run eager.
+        plan.back_attrs = build_back_half_metadata(
+            get_attn_backend(), plan.batch, plan.prefix_lens_cpu
+        )
     h = hidden_states.index_select(0, rows)
     ple = per_layer_inputs.index_select(0, rows) if per_layer_inputs is not None else None
     with back_half_attention(get_attn_backend(), plan.back_attrs):

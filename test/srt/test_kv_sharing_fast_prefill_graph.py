@@ -1,0 +1,260 @@
+"""The back half of YOCO fast prefill replayed from CUDA graphs, on CPU.
+
+CUDA graphs themselves need a GPU (benchmark/yoco_gemma4 checks them there). Here
+the graph is stood in for by a replay that runs the same captured function over
+the same static buffers, so what is tested is everything around the capture:
+which graph a pass picks, how its rows, per-layer inputs and request geometry are
+staged and padded, that the result equals the eager back half row for row, that
+the graph's private triton backend builds the key lists the eager back half
+attends (W + 1 sliding-window keys), and when start-up captures nothing.
+"""
+
+import types
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_gemma4_yoco import (  # noqa: F401 (_restore_kernels: autouse fixture)
+    FIRST_SHARED,
+    _plan_all,
+    _restore_kernels,
+    _TorchKernel,
+    make_batch,
+    make_torch_native_backend,
+    make_triton_backend,
+)
+
+from sglang.srt.layers import kv_sharing_fast_prefill as yoco
+from sglang.srt.layers import kv_sharing_fast_prefill_graph as kg
+from sglang.srt.layers.attention import triton_backend
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+END = 8
+HIDDEN, PLE = 6, 3
+
+
+class FakeLayer(torch.nn.Module):
+    """A layer whose output depends on everything a back-half layer reads: its
+    row, its per-layer input and its request's geometry."""
+
+    def __init__(self, i):
+        super().__init__()
+        self.i = i
+
+    def forward(self, positions, hidden_states, per_layer_input, forward_batch):
+        geo = (
+            positions.double()
+            + 0.5 * forward_batch.seq_lens.double()
+            + 0.25 * forward_batch.req_pool_indices.double()
+        )
+        out = hidden_states * (1.0 + 0.1 * self.i) + geo[:, None]
+        return out + per_layer_input.sum(-1, keepdim=True) * (self.i + 1), None
+
+
+class FakeBackend:
+    def __init__(self):
+        self.calls = []
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    def init_forward_metadata_out_graph(self, fb, in_capture=False):
+        self.calls.append((fb.batch_size, fb.seq_lens.tolist(), fb.seq_lens_sum, in_capture))
+
+
+class EagerReplay:
+    """Stands in for a CUDA graph: replay reruns the captured function."""
+
+    def __init__(self, graphs, bs):
+        self.graphs, self.bs = graphs, bs
+
+    def replay(self):
+        g = self.graphs
+        g.outputs[self.bs].copy_(g._forward(self.bs, g.batches[self.bs]))
+
+
+def make_graphs(backend=None, max_bs=8, layers=None):
+    layers = layers or torch.nn.ModuleList(FakeLayer(i) for i in range(END))
+    g = kg.BackHalfCudaGraphs(
+        layers, FIRST_SHARED, END, backend or FakeBackend(), HIDDEN, PLE,
+        torch.float64, "cpu", max_bs,
+    )
+    for bs in g.buckets:  # what capture() records, without a GPU
+        g.batches[bs] = g._batch(bs)
+        g.outputs[bs] = torch.zeros(bs, HIDDEN, dtype=torch.float64)
+        g.graphs[bs] = EagerReplay(g, bs)
+    return g
+
+
+def test_buckets():
+    assert kg.bucket_for(kg.BUCKETS, 1) == 1
+    assert kg.bucket_for(kg.BUCKETS, 3) == 4
+    assert kg.bucket_for(kg.BUCKETS, 13) == 16
+    assert kg.bucket_for(kg.BUCKETS, 64) == 64
+    assert kg.bucket_for(kg.BUCKETS, 65) is None
+    g = make_graphs(max_bs=10)
+    assert g.buckets == [1, 2, 4, 8] and g.max_bs == 8
+    assert g.can_run(8) and not g.can_run(9)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 30), st.integers(0, 40), st.booleans()),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_graph_replay_equals_the_eager_back_half(monkeypatch, reqs):
+    monkeypatch.setattr(yoco, "get_attn_backend", make_torch_native_backend)
+    ext = [e for e, _, _ in reqs]
+    pre = [p for _, p, _ in reqs]
+    fb = make_batch(ext, pre, [9 if c else 0 for c in (c for _, _, c in reqs)])
+    n_tok = sum(ext)
+    gen = torch.Generator().manual_seed(n_tok)
+    hidden = torch.randn(n_tok, HIDDEN, generator=gen, dtype=torch.float64)
+    ple = torch.randn(n_tok, END, PLE, generator=gen, dtype=torch.float64)
+    layers = torch.nn.ModuleList(FakeLayer(i) for i in range(END))
+
+    eager = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    if eager is None:  # no request with more than one new token: full pass
+        assert yoco.plan_fast_prefill(fb, FIRST_SHARED, graphs=make_graphs()) is None
+        return
+    want = yoco.run_back_half(layers, eager, END, hidden, ple)
+
+    graphs = make_graphs(layers=layers)
+    # stale values from an earlier, larger pass must not leak into this one
+    graphs.hidden.fill_(7.0)
+    graphs.seq_lens.fill_(99)
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, graphs=graphs)
+    if eager.num_reqs == 0:
+        assert plan.graphs is None and yoco.run_back_half(layers, plan, END, hidden, ple) is hidden
+        return
+    if eager.num_reqs > graphs.max_bs:  # more rows than the largest graph: eager
+        assert plan.graphs is None and plan.back_attrs is not None
+        return
+    assert plan.graphs is graphs and plan.back_attrs is None  # no eager metadata built
+    got = yoco.run_back_half(layers, plan, END, hidden, ple)
+    assert torch.equal(got, want)
+
+    # the replay ran the bucket's graph over padded geometry: one-token rows of slot 0
+    n, bs = plan.num_reqs, kg.bucket_for(graphs.buckets, plan.num_reqs)
+    seq = plan.seq_lens_cpu
+    assert graphs.backend.calls[-1] == (bs, seq + [1] * (bs - n), sum(seq) + bs - n, False)
+    assert graphs.req_pool_indices[n:bs].tolist() == [0] * (bs - n)
+
+
+def test_layer_arguments_the_graph_lacks_run_eager(monkeypatch):
+    monkeypatch.setattr(yoco, "get_attn_backend", make_torch_native_backend)
+    fb = make_batch([5, 3])
+    graphs = make_graphs()
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, graphs=graphs)
+    seen = []
+
+    class KwargLayer(FakeLayer):
+        def forward(self, positions, hidden_states, per_layer_input, forward_batch, extra=None):
+            seen.append(extra)
+            return super().forward(positions, hidden_states, per_layer_input, forward_batch)
+
+    layers = torch.nn.ModuleList(KwargLayer(i) for i in range(END))
+    hidden = torch.randn(8, HIDDEN, dtype=torch.float64)
+    ple = torch.randn(8, END, PLE, dtype=torch.float64)
+    yoco.run_back_half(layers, plan, END, hidden, ple, extra="x")
+    assert seen == ["x"] * (END - FIRST_SHARED)  # the eager layers got it
+    assert graphs.backend.calls == []  # no replay
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    window=st.sampled_from([3, 15, 63]),
+    reqs=st.lists(st.tuples(st.integers(1, 90), st.integers(0, 90)), min_size=1, max_size=6),
+)
+def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
+    """The graph's triton backend (window + 1, CUDA-graph buffers) hands the decode
+    kernel the same key lists as the eager back half's metadata."""
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    ext = [e for e, _ in reqs]
+    pre = [p for _, p in reqs]
+    fb = make_batch(ext, pre)
+    back = yoco.make_back_half_batch(fb, _plan_all(fb))
+    eager_be = make_triton_backend(window)
+    want = yoco.build_back_half_metadata(eager_be, back)["forward_metadata"]
+
+    graph_be = make_triton_backend(window)
+    graph_be.req_to_token = eager_be.req_to_token  # the same cache
+    graph_be.token_to_kv_pool = eager_be.token_to_kv_pool
+    graph_be.max_context_len, graph_be.is_draft_runner = 256, False
+    graph_be.skip_prefill, graph_be.num_draft_tokens = False, None
+    kg.make_back_half_backend(types.SimpleNamespace(_get_attention_backend=lambda: graph_be), 8)
+    assert graph_be.sliding_window_size == window + 1
+    graphs = make_graphs(backend=graph_be)
+    n = back.batch_size
+    bs = kg.bucket_for(graphs.buckets, n)
+    graph_be.init_forward_metadata_out_graph(graphs.batches[bs], in_capture=True)
+    plan = _plan_all(fb)
+    plan.batch, plan.graphs = back, graphs
+    hidden = torch.zeros(sum(ext), HIDDEN, dtype=torch.float64)
+    ple = torch.zeros(sum(ext), END, PLE, dtype=torch.float64)
+    yoco.run_back_half(graphs.layers, plan, END, hidden, ple)  # stages, fills, replays
+    got = graph_be.forward_metadata
+
+    for indptr, indices in (("kv_indptr", "kv_indices"), ("window_kv_indptr", "window_kv_indices")):
+        w_ptr, g_ptr = getattr(want, indptr), getattr(got, indptr)
+        assert g_ptr[: n + 1].tolist() == w_ptr.tolist(), indptr
+        k = int(w_ptr[n])
+        assert torch.equal(getattr(got, indices)[:k], getattr(want, indices)[:k]), indices
+
+
+def _runner(**over):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    be = object.__new__(TritonAttnBackend)
+    be.enable_deterministic, be.dcp_size = False, 1
+    r = types.SimpleNamespace(
+        is_draft_worker=False,
+        device="cuda",
+        server_args=types.SimpleNamespace(disable_cuda_graph=False),
+        attn_backend=be,
+    )
+    for k, v in over.items():
+        setattr(r, k, v)
+    return r
+
+
+def test_when_start_up_captures_nothing():
+    text = object()
+    assert kg.back_half_graph_skip_reason(_runner(), text) is None
+    assert "no model" in kg.back_half_graph_skip_reason(_runner(), None)
+    assert "draft" in kg.back_half_graph_skip_reason(_runner(is_draft_worker=True), text)
+    assert "cpu" in kg.back_half_graph_skip_reason(_runner(device="cpu"), text)
+    off = _runner(server_args=types.SimpleNamespace(disable_cuda_graph=True))
+    assert "--disable-cuda-graph" in kg.back_half_graph_skip_reason(off, text)
+    native = _runner(attn_backend=make_torch_native_backend())
+    assert "triton only" in kg.back_half_graph_skip_reason(native, text)
+    det = _runner()
+    det.attn_backend.enable_deterministic = True
+    assert "deterministic" in kg.back_half_graph_skip_reason(det, text)
+
+
+def test_text_model_is_found_only_with_the_flag_on():
+    class Text(torch.nn.Module):
+        def __init__(self, first):
+            super().__init__()
+            self.fast_prefill_first_shared_layer = first
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, first):
+            super().__init__()
+            self.language_model = Text(first)
+
+    on = Wrapper(24)
+    assert kg.find_fast_prefill_text_model(on) is on.language_model
+    assert kg.find_fast_prefill_text_model(Wrapper(None)) is None
+
+
+def test_captured_batch_is_a_decode_step():
+    g = make_graphs()
+    fb = g.batches[4]
+    assert fb.forward_mode == ForwardMode.DECODE and fb.batch_size == 4
+    assert fb.positions.data_ptr() == g.positions.data_ptr()  # static buffers
+    assert fb.seq_lens.data_ptr() == g.seq_lens.data_ptr()
