@@ -6,12 +6,16 @@
 Each mode gets its own Engine (the flag is per server). Times Engine.generate with
 max_new_tokens=1 (one prefill pass per batch), radix cache off, after a warm-up;
 modes: off, on (default --kv-sharing-fast-prefill-min-tokens), on-all (min tokens 0:
-the fast path on every pass), ceiling (the front layers alone);
+the fast path on every pass), on-all-eager (on-all with the back half's CUDA graphs off,
+SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0), ceiling (the front layers alone);
 median of --repeats. Prints RESULT lines and writes raw JSON. Prefill is eager in
 every mode, unless --serving-graphs: every mode then keeps SGLang's default prefill
 CUDA graph (text-only Gemma4ForCausalLM captures one), as a server would run it. With
 YOCO on, the graph only holds passes below the min-tokens threshold (larger ones take
 the fast path, eager); on-all (threshold 0) runs without one.
+--parity N: each mode (not the ceiling) also decodes 8 greedy tokens for N fixed
+prompts (16-3000 tokens, batches of 8); PARITY lines count the outputs identical
+to the first mode's.
 --profile-point LxN: after the timings, each mode profiles one prefill of that shape
 (torch profiler in the scheduler; trace_summary.py): GPU kernel time, kernels
 launched by the host, top CPU ops. PROFILE lines on stdout, summaries in the JSON.
@@ -30,21 +34,35 @@ from checkpoints import ceiling_variant, engine_kwargs, text_config, write_text_
 DEFAULT_POINTS = "64x1,64x8,256x1,256x8,1024x1,1024x8,2048x1,2048x8,4096x1,4096x8,8000x1,8000x8,16000x1,16000x8,32000x1"
 
 
+def parity_prompts(n, vocab):
+    import random
+
+    rng = random.Random(1)
+    hi = min(200000, vocab)
+    return [[rng.randrange(10, hi) for _ in range(rng.randint(16, 3000))] for _ in range(n)]
+
+
 def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, profile_point=None, profile_dir=None,
-          extra=None):
+          extra=None, parity=0):
     import torch
     import sglang as sgl
 
     graph = {"disable_prefill_cuda_graph": False} if serving_graphs else {}
+    env_graph = os.environ.pop("SGLANG_KV_SHARING_FAST_PREFILL_GRAPH", None)
+    if mode == "on-all-eager":  # read by the scheduler process at start-up
+        os.environ["SGLANG_KV_SHARING_FAST_PREFILL_GRAPH"] = "0"
     eng = sgl.Engine(
         model_path=model_dir,
-        kv_sharing_fast_prefill=mode in ("on", "on-all"),
+        kv_sharing_fast_prefill=mode in ("on", "on-all", "on-all-eager"),
         disable_radix_cache=True,
         tp_size=tp,
         # "on": the server's default --kv-sharing-fast-prefill-min-tokens; "on-all": every pass
-        **engine_kwargs(**graph, **({"kv_sharing_fast_prefill_min_tokens": 0} if mode == "on-all" else {}),
+        **engine_kwargs(**graph, **({"kv_sharing_fast_prefill_min_tokens": 0} if mode.startswith("on-all") else {}),
                         **(extra or {})),
     )
+    os.environ.pop("SGLANG_KV_SHARING_FAST_PREFILL_GRAPH", None)
+    if env_graph is not None:
+        os.environ["SGLANG_KV_SHARING_FAST_PREFILL_GRAPH"] = env_graph
     g = torch.Generator().manual_seed(0)
     ids = lambda n, L: [torch.randint(10, min(200000, vocab), (L,), generator=g).tolist() for _ in range(n)]
     sp = {"temperature": 0, "max_new_tokens": 1}
@@ -62,6 +80,13 @@ def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, pro
         rec = {"mode": mode, "len": L, "batch": n, "median_s": med, "times_s": ts, "tok_s": L * n / med}
         print(f"RESULT {json.dumps(rec)}", flush=True)
         out.append(rec)
+    if parity and mode != "ceiling":
+        prompts = parity_prompts(parity, vocab)
+        ids = []
+        for i in range(0, len(prompts), 8):
+            outs = eng.generate(input_ids=prompts[i : i + 8], sampling_params={"temperature": 0, "max_new_tokens": 8})
+            ids += [o["output_ids"] for o in outs]
+        out.append({"mode": mode, "parity_ids": ids})
     if profile_point:
         from trace_summary import print_summary, profile_engine
 
@@ -85,6 +110,7 @@ def main():
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--profile-point", default="", help="LxN: profile one prefill of that shape per mode")
     ap.add_argument("--extra", default="{}", help="JSON of engine kwargs for every mode")
+    ap.add_argument("--parity", type=int, default=0, help="N prompts decoded greedily per mode, compared")
     ap.add_argument("--serving-graphs", action="store_true",
                     help="keep the default prefill CUDA graph (with YOCO on: below the threshold)")
     a = ap.parse_args()
@@ -101,17 +127,24 @@ def main():
         print(f"== mode {mode}", flush=True)
         results += sweep(mode, ceiling if mode == "ceiling" else full, points, a.repeats, a.tp,
                          text_config(a.variant)["vocab_size"], a.serving_graphs, profile,
-                         os.path.dirname(os.path.abspath(a.out)), json.loads(a.extra))
+                         os.path.dirname(os.path.abspath(a.out)), json.loads(a.extra), a.parity)
+    outs = [r for r in results if "parity_ids" in r]
+    for r in outs[1:]:
+        same = sum(x == y for x, y in zip(outs[0]["parity_ids"], r["parity_ids"]))
+        print(f"PARITY {r['mode']} vs {outs[0]['mode']}: {same}/{len(r['parity_ids'])} identical", flush=True)
     by = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in results if "median_s" in r}
     table = []
     for L, n in points:
         off, on, ce = by.get(("off", L, n)), by.get(("on", L, n)), by.get(("ceiling", L, n))
         on_all = by.get(("on-all", L, n))
+        on_all_eager = by.get(("on-all-eager", L, n))
         row = {"len": L, "batch": n, "off_s": off, "on_s": on, "ceiling_s": ce}
         if off and on:
             row["speedup"] = off / on
         if off and on_all:
             row["on_all_s"], row["speedup_on_all"] = on_all, off / on_all
+        if off and on_all_eager:
+            row["on_all_eager_s"], row["speedup_on_all_eager"] = on_all_eager, off / on_all_eager
         if off and ce:
             row["ceiling_speedup"] = off / ce
         if off and on and ce:

@@ -221,7 +221,7 @@ def _runner(**over):
     return r
 
 
-def test_when_start_up_captures_nothing():
+def test_when_start_up_captures_nothing(monkeypatch):
     text = object()
     assert kg.back_half_graph_skip_reason(_runner(), text) is None
     assert "no model" in kg.back_half_graph_skip_reason(_runner(), None)
@@ -231,6 +231,9 @@ def test_when_start_up_captures_nothing():
     assert "--disable-cuda-graph" in kg.back_half_graph_skip_reason(off, text)
     native = _runner(attn_backend=make_torch_native_backend())
     assert "triton only" in kg.back_half_graph_skip_reason(native, text)
+    monkeypatch.setenv(kg.GRAPH_ENV, "0")
+    assert kg.GRAPH_ENV in kg.back_half_graph_skip_reason(_runner(), text)
+    monkeypatch.delenv(kg.GRAPH_ENV)
     det = _runner()
     det.attn_backend.enable_deterministic = True
     assert "deterministic" in kg.back_half_graph_skip_reason(det, text)

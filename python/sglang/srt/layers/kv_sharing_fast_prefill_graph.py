@@ -19,6 +19,7 @@ metadata keeps W; ``_set_back_half_window`` does the same for the eager path).
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Set to 0 to run the back half eager (CUDA graphs stay on elsewhere).
+GRAPH_ENV = "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH"
 # Finishing requests per prefill pass; a pass with more runs the back half eager.
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -54,6 +57,8 @@ def back_half_graph_skip_reason(model_runner, text_model) -> Optional[str]:
 
     if text_model is None:
         return "no model runs --kv-sharing-fast-prefill"
+    if os.environ.get(GRAPH_ENV, "1") == "0":
+        return f"{GRAPH_ENV}=0"
     if model_runner.is_draft_worker:
         return "draft worker"
     if model_runner.device != "cuda":
@@ -213,12 +218,19 @@ def capture_back_half_graphs(model_runner) -> Optional[BackHalfCudaGraphs]:
             logger.info("KV-sharing fast prefill: back half runs eager (%s)", reason)
         return None
     max_bs = min(BUCKETS[-1], model_runner.req_to_token_pool.size)
+    backend = make_back_half_backend(model_runner, max_bs)
+    if type(backend) is not type(model_runner.attn_backend):
+        logger.info(
+            "KV-sharing fast prefill: back half runs eager (a new backend is %s)",
+            type(backend).__name__,
+        )
+        return None
     cfg = text_model.config
     graphs = BackHalfCudaGraphs(
         text_model.layers,
         text_model.fast_prefill_first_shared_layer,
         text_model.end_layer,
-        make_back_half_backend(model_runner, max_bs),
+        backend,
         cfg.hidden_size,
         getattr(cfg, "hidden_size_per_layer_input", 0) or 0,
         model_runner.dtype,
