@@ -261,3 +261,114 @@ def test_captured_batch_is_a_decode_step():
     assert fb.forward_mode == ForwardMode.DECODE and fb.batch_size == 4
     assert fb.positions.data_ptr() == g.positions.data_ptr()  # static buffers
     assert fb.seq_lens.data_ptr() == g.seq_lens.data_ptr()
+
+
+# ---------------------------------------------------------------- capture, with stand-ins for CUDA
+
+
+def _fake_cuda_capture(monkeypatch):
+    """Stand-ins for what capture() takes from CUDA and torch.distributed; returns
+    the (pool, stream) each graph was captured with."""
+    import contextlib
+
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.model_executor.runner_utils import pool as pool_mod
+
+    @contextlib.contextmanager
+    def graph_capture(stream=None):
+        yield types.SimpleNamespace(stream="capture-stream")
+
+    recorded = []
+
+    @contextlib.contextmanager
+    def graph(g, pool=None, stream=None):
+        recorded.append((pool, stream))
+        yield
+
+    monkeypatch.setattr(parallel_state, "graph_capture", graph_capture)
+    monkeypatch.setattr(pool_mod, "get_or_create_global_graph_memory_pool", lambda m: "pool")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    return recorded
+
+
+def test_capture_records_every_bucket_under_the_private_backend(monkeypatch):
+    from sglang.srt.model_executor import forward_context
+
+    recorded = _fake_cuda_capture(monkeypatch)
+    backend = FakeBackend()
+    seen = []
+
+    class BackendCheck(FakeLayer):
+        def forward(self, positions, hidden_states, per_layer_input, forward_batch):
+            seen.append(forward_context.get_attn_backend() is backend)
+            assert not torch.is_grad_enabled()
+            return super().forward(positions, hidden_states, per_layer_input, forward_batch)
+
+    layers = torch.nn.ModuleList(BackendCheck(i) for i in range(END))
+    g = kg.BackHalfCudaGraphs(
+        layers, FIRST_SHARED, END, backend, HIDDEN, PLE, torch.float64, "cpu", 8
+    )
+    g.capture()
+    assert sorted(g.graphs) == sorted(g.batches) == g.buckets == [1, 2, 4, 8]
+    # metadata from the graph buffers, largest bucket first, before each capture
+    assert [(c[0], c[3]) for c in backend.calls] == [(8, True), (4, True), (2, True), (1, True)]
+    # two warm-ups and the capture, each through every KV-shared layer, all with
+    # the private backend as the forward's attention backend
+    assert len(seen) == 4 * 3 * (END - FIRST_SHARED) and all(seen)
+    assert recorded == [("pool", "capture-stream")] * 4
+    assert all(g.outputs[bs].shape == (bs, HIDDEN) for bs in g.buckets)
+
+
+def _start_up_runner(window, pool_size):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    class Text(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(FakeLayer(i) for i in range(END))
+            self.fast_prefill_first_shared_layer, self.end_layer = FIRST_SHARED, END
+            self.config = types.SimpleNamespace(hidden_size=HIDDEN, hidden_size_per_layer_input=PLE)
+            self.fast_prefill_graphs = None
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.language_model = Text()
+
+    main = object.__new__(TritonAttnBackend)
+    new = make_triton_backend(window)
+    new.max_context_len, new.is_draft_runner = 256, False
+    new.skip_prefill, new.num_draft_tokens = False, None
+    return types.SimpleNamespace(
+        model=Wrapper(),
+        attn_backend=main,
+        _get_attention_backend=lambda: new,
+        req_to_token_pool=types.SimpleNamespace(size=pool_size),
+        dtype=torch.float64,
+        device="cpu",
+    ), new
+
+
+def test_start_up_captures_and_attaches_the_graphs(monkeypatch):
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    _fake_cuda_capture(monkeypatch)
+    monkeypatch.setattr(kg, "back_half_graph_skip_reason", lambda runner, text: None)
+    runner, backend = _start_up_runner(window=15, pool_size=6)
+    graphs = kg.capture_back_half_graphs(runner)
+    text = runner.model.language_model
+    assert text.fast_prefill_graphs is graphs
+    assert graphs.backend is backend and backend.sliding_window_size == 16  # W + 1
+    assert graphs.buckets == [1, 2, 4]  # no more rows than request slots
+    assert (graphs.first, graphs.end) == (FIRST_SHARED, END)
+    assert graphs.ple.shape == (4, END - FIRST_SHARED, PLE)
+
+
+def test_start_up_captures_nothing_when_the_new_backend_differs(monkeypatch):
+    _fake_cuda_capture(monkeypatch)
+    monkeypatch.setattr(kg, "back_half_graph_skip_reason", lambda runner, text: None)
+    runner, _ = _start_up_runner(window=15, pool_size=6)
+    runner.attn_backend = make_torch_native_backend()
+    assert kg.capture_back_half_graphs(runner) is None
+    assert runner.model.language_model.fast_prefill_graphs is None
