@@ -272,7 +272,6 @@ def _fake_cuda_capture(monkeypatch):
     import contextlib
 
     from sglang.srt.distributed import parallel_state
-    from sglang.srt.model_executor.runner_utils import pool as pool_mod
 
     @contextlib.contextmanager
     def graph_capture(stream=None):
@@ -286,7 +285,7 @@ def _fake_cuda_capture(monkeypatch):
         yield
 
     monkeypatch.setattr(parallel_state, "graph_capture", graph_capture)
-    monkeypatch.setattr(pool_mod, "get_or_create_global_graph_memory_pool", lambda m: "pool")
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
     monkeypatch.setattr(torch.cuda, "graph", graph)

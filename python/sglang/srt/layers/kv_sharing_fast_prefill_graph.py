@@ -141,11 +141,10 @@ class BackHalfCudaGraphs:
 
     def capture(self) -> None:
         from sglang.srt.distributed.parallel_state import graph_capture
-        from sglang.srt.model_executor.runner_utils.pool import (
-            get_or_create_global_graph_memory_pool,
-        )
 
-        pool = get_or_create_global_graph_memory_pool(torch.cuda)
+        # A pool of its own (a few MB), so a replay inside a prefill never writes
+        # memory where another graph's output may still be waiting to be read.
+        pool = torch.cuda.graph_pool_handle()
         ctx = ForwardContext(attn_backend=self.backend)
         with torch.no_grad(), graph_capture() as gc, forward_context(ctx):
             for bs in reversed(self.buckets):  # large first: the small ones reuse its memory
