@@ -24,7 +24,8 @@
 #   Q  what run 12 left: concurrency c8/c32 with YOCO on; the released multimodal layout
 #   S1/S2  the released multimodal layout served in full (summ, chat, 80 prompts): E4B / E2B
 #   S1on   S1's YOCO-on server alone (run 13: S1 ran out of time there)
-#   T  back-half CUDA graphs: E2B graph vs eager vs off vs ceiling with parity, then E4B parity (200 prompts)
+#   T1 back-half CUDA graphs: E2B graph vs eager vs off vs ceiling with parity
+#   T2 back-half CUDA graphs: E4B parity (200 prompts, up to 8000 tokens)
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
@@ -193,13 +194,15 @@ S1|S2|S1on)
   gpu 0 timeout $t python3 $B/run.py $res/serve_${v}_mm --variant $v --skip-prefill --multimodal \
     --modes $modes --workloads summ,chat > $res/serve_${v}_mm.log 2>&1
   ;;
-T)
-  gpu 0 timeout 260 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \
+T1)
+  gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \
     --modes off,on-all,on-all-eager,ceiling --points 64x8,256x8,1024x8,2048x8 --repeats 5 --parity 48 \
     > $res/prefill_e2b_graph.log 2>&1
-  gpu 0 timeout 300 python3 $B/parity_check.py $res/parity_e4b_graph.json --variant e4b --prompts 200 \
-    --max-len 8000 --max-new 16 > $res/parity_e4b_graph.log 2>&1
   grep -h "PARITY" $res/prefill_e2b_graph.log
+  ;;
+T2)
+  gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_graph.json --variant e4b --prompts 200 \
+    --max-len 8000 --max-new 16 > $res/parity_e4b_graph.log 2>&1
   ;;
 G)
   gpu 0 timeout 560 python3 $B/parity_check.py $res/parity_e4b_deterministic.json --variant e4b --prompts 120 \
