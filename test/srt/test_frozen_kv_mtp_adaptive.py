@@ -1,0 +1,296 @@
+"""--speculative-adaptive under FROZEN_KV_MTP (patch 0017,
+speculative/frozen_kv_mtp_adaptive.py), on CPU, no engine.
+
+Stock 0.5.17 asserts against adaptive speculation in FrozenKVMTPWorkerV2. The
+fork builds EAGLE v2's AdaptiveController there; the worker's real
+``build_adaptive_runtime_state`` / ``apply_runtime_state`` (inherited from
+EAGLEWorkerV2) run here over stand-in model runners, with the runtime context
+published, and real decode rounds go through ``forward_batch_generation``:
+- at 0 draft steps the drafter is not run; the target verifies the bonus token
+  alone and the next seed is that verify's hidden row;
+- each runtime state has its own draft attention backend, and a state with no
+  draft graph (steps <= 1) does not inherit another state's graph runner.
+"""
+
+import types
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.runtime_context import get_context, get_spec
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative import eagle_worker_v2
+from sglang.srt.speculative import frozen_kv_mtp_cuda_graph_runner as fkv_graph
+from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
+from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.frozen_kv_mtp_info import (
+    FrozenKVMTPDraftInput,
+    FrozenKVMTPVerifyInput,
+)
+from sglang.srt.utils import empty_context
+
+HIDDEN = 4
+DEFAULT_CANDIDATES = [0, 1, 3, 7]  # union of stock DEFAULT_ADAPTIVE_CONFIG
+
+
+def frozen_args(**kw):
+    args = ServerArgs(model_path="dummy", device="cpu", disable_cuda_graph=True)
+    args.speculative_algorithm = "FROZEN_KV_MTP"
+    args.speculative_eagle_topk = 1
+    args.speculative_num_steps = 3
+    args.speculative_num_draft_tokens = 4
+    args.speculative_adaptive = True
+    args.max_running_requests = 80
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
+
+
+# ------------------------------------------------ server-arg check
+
+
+def test_adaptive_is_supported_for_frozen_kv_mtp():
+    assert adaptive_unsupported_reason(frozen_args()) is None
+
+
+def test_adaptive_still_refused_for_frozen_kv_mtp_topk_above_1():
+    reason = adaptive_unsupported_reason(frozen_args(speculative_eagle_topk=2))
+    assert reason is not None and "topk=1" in reason
+
+
+# ------------------------------------------------ stand-ins
+
+
+class Backend:
+    """An attention backend: only its identity matters here."""
+
+    count = 0
+
+    def __init__(self, owner):
+        Backend.count += 1
+        self.name = f"{owner}-backend-{Backend.count}"
+        self.verify_mask = None  # what _build_trivial_verify_input reads
+
+
+class DraftRunner:
+    def __init__(self):
+        self.tp_group = None
+        self.attn_backend = Backend("draft")
+        self.draft_attn_backend = self.attn_backend
+
+    def _get_attention_backend(self):
+        return Backend("draft")
+
+
+class TargetRunner:
+    def __init__(self):
+        self.attn_backend = Backend("target")
+        self.decode_cuda_graph_runner = "target-graphs-initial"
+        self.init_new_workspace = False
+
+    def _get_attention_backend(self, init_new_workspace=False):
+        return Backend("target")
+
+
+class TargetGraphs:
+    """Stands in for the target's DecodeCudaGraphRunner (verify graphs)."""
+
+    def __init__(self, model_runner, attn_backend, speculative_num_steps, speculative_num_draft_tokens):
+        self.backend = attn_backend
+        self.draft_tokens = speculative_num_draft_tokens
+
+
+class GraphRunner:
+    """Stands in for FrozenKVMTPCudaGraphRunner: records what it was built on."""
+
+    def __init__(self, draft_worker):
+        self.backend = draft_worker.draft_attn_backend
+        self.steps = get_spec().speculative_num_steps
+
+
+def draft_worker():
+    """FrozenKVMTPDraftWorker without __init__ (which loads the assistant)."""
+    dw = object.__new__(fkv.FrozenKVMTPDraftWorker)
+    dw._model_runner = DraftRunner()
+    dw.server_args = get_context().server_args
+    dw.topk = 1
+    dw.speculative_num_steps = 3
+    dw.speculative_num_draft_tokens = 4
+    dw.device = "cpu"
+    dw.gpu_id = 0
+    dw.target_worker = types.SimpleNamespace(device="cuda")
+    dw.draft_tp_context = empty_context
+    dw.draft_attn_backend = dw._model_runner.attn_backend  # topk 1: the runner's own
+    dw.cuda_graph_runner = "draft-graphs-steps-3"
+    dw.draft_extend_attn_backend = None
+    dw.cuda_graph_runner_for_draft_extend = None
+    dw._specialized_graph_memory_usage = {}
+    dw._specialized_graph_time_usage = {}
+    return dw
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    """A FrozenKVMTPWorkerV2 built by its real __init__ (the draft worker class
+    stubbed), with the adaptive states built as EAGLEWorkerV2.init_cuda_graphs
+    builds them (its real init_cuda_graphs). Draft graphs are 'captured' by
+    GraphRunner."""
+    monkeypatch.setattr(fkv_graph, "FrozenKVMTPCudaGraphRunner", GraphRunner)
+    monkeypatch.setattr(eagle_worker_v2, "DecodeCudaGraphRunner", TargetGraphs)
+    # capture as on a GPU (the CPU context has graphs off; only the draft graph
+    # decision reads this)
+    monkeypatch.setattr(fkv, "cuda_graph_fully_disabled", lambda: False)
+    with get_context().preserve_config():
+        get_context().set_server_args(frozen_args())
+        dw = draft_worker()
+        monkeypatch.setattr(fkv, "FrozenKVMTPDraftWorker", lambda *a, **k: dw)
+        target = types.SimpleNamespace(
+            model_runner=TargetRunner(),
+            get_memory_pool=lambda: ("req_to_token_pool", "allocator"),
+        )
+        w = fkv.FrozenKVMTPWorkerV2(get_context().server_args, 0, None, 0, target)
+        assert isinstance(w.adaptive_controller, AdaptiveController)
+        # EAGLEWorkerV2.init_cuda_graphs, as at start-up; the draft worker's
+        # own graph set-up (TpModelWorker) is not under test.
+        dw.init_cuda_graphs = lambda: None
+        w.init_cuda_graphs()
+        yield w
+
+
+def test_stock_worker_refused_adaptive_and_fork_builds_controller(worker):
+    # (the fixture ran the real __init__ with speculative_adaptive=True)
+    assert worker.adaptive_controller.candidate_steps == DEFAULT_CANDIDATES
+    assert sorted(worker.adaptive_controller._states) == DEFAULT_CANDIDATES
+
+
+def test_each_state_has_its_own_draft_backend_and_graphs(worker):
+    states = worker.adaptive_controller._states
+    backends = [states[s].draft_attn_backend for s in DEFAULT_CANDIDATES]
+    assert len({id(b) for b in backends}) == len(backends)
+    # steps <= 1 capture no draft graph, and must not keep the steps-3 one
+    assert states[0].cuda_graph_runner is None
+    assert states[1].cuda_graph_runner is None
+    assert states[3].cuda_graph_runner == "draft-graphs-steps-3"
+    g7 = states[7].cuda_graph_runner
+    assert isinstance(g7, GraphRunner)
+    assert g7.steps == 7 and g7.backend is states[7].draft_attn_backend
+    # target side: verify graphs per state, on a backend of their own
+    assert states[0].target_attn_backend is not states[3].target_attn_backend
+    for s in (0, 1, 7):
+        assert states[s].target_graph_runner.draft_tokens == s + 1
+        assert states[s].target_graph_runner.backend is states[s].target_attn_backend
+
+
+def test_apply_state_rebinds_the_drafter(worker):
+    ctl = worker.adaptive_controller
+    dw = worker._draft_worker
+    ctl._activate(7)
+    assert worker.speculative_num_steps == dw.speculative_num_steps == 7
+    assert dw.draft_attn_backend is ctl._states[7].draft_attn_backend
+    assert dw.draft_model_runner.draft_attn_backend is dw.draft_attn_backend
+    assert dw.cuda_graph_runner is ctl._states[7].cuda_graph_runner
+    ctl._activate(0)
+    assert dw.cuda_graph_runner is None and dw.speculative_num_draft_tokens == 1
+
+
+def test_batch_size_picks_the_step_count(worker):
+    ctl = worker.adaptive_controller
+    ctl.activate_step_by_batch(80)  # stock config: [0] from batch 64
+    assert worker.speculative_num_steps == 0
+    ctl.activate_step_by_batch(1)  # [1, 3, 7] from batch 1; starts on 3
+    assert worker.speculative_num_steps == 3
+
+
+# ------------------------------------------------ decode rounds
+
+
+def decode_batch(seq_lens, bonus):
+    batch = ScheduleBatch(reqs=[types.SimpleNamespace() for _ in seq_lens])
+    batch.forward_mode = ForwardMode.DECODE
+    batch.seq_lens = torch.tensor(seq_lens)
+    batch.seq_lens_sum = sum(seq_lens)
+    seed = FrozenKVMTPDraftInput()
+    seed.bonus_tokens = torch.tensor(bonus)
+    seed.hidden_states = torch.zeros(len(bonus), HIDDEN)
+    batch.spec_info = seed
+    return batch
+
+
+def run_round(worker, monkeypatch, batch):
+    """One decode round with a stand-in verify: every request accepts one token
+    per verify row it got; hidden row i of the verify output holds i."""
+    seen = {}
+
+    def verify(batch, grammar_barrier=None):
+        v = batch.spec_info
+        seen["verify_input"] = v
+        bs = batch.seq_lens.shape[0]
+        rows = bs * v.draft_token_num
+        next_seed = FrozenKVMTPDraftInput()
+        next_seed.bonus_tokens = torch.arange(bs) + 500
+        return types.SimpleNamespace(
+            new_seq_lens=batch.seq_lens + 1,
+            accept_lens=torch.ones(bs, dtype=torch.long),
+            logits_output=types.SimpleNamespace(
+                hidden_states=torch.arange(rows, dtype=torch.float32)[:, None].repeat(1, HIDDEN)
+            ),
+            next_draft_input=next_seed,
+        )
+
+    def draft(batch):
+        seen["drafted"] = True
+        n = worker.speculative_num_draft_tokens
+        bs = batch.seq_lens.shape[0]
+        return FrozenKVMTPVerifyInput(
+            draft_token=torch.zeros(bs * n, dtype=torch.long),
+            custom_mask=None,
+            positions=None,
+            retrieve_index=None,
+            retrieve_next_token=None,
+            retrieve_next_sibling=None,
+            retrieve_cum_len=None,
+            spec_steps=worker.speculative_num_steps,
+            topk=1,
+            draft_token_num=n,
+            capture_hidden_mode=None,
+            seq_lens_sum=None,
+            seq_lens_cpu=None,
+        )
+
+    monkeypatch.setattr(worker, "verify", verify)
+    monkeypatch.setattr(worker._draft_worker, "draft", draft)
+    out = worker.forward_batch_generation(batch)
+    return out, seen
+
+
+def test_zero_step_round_verifies_the_bonus_token_alone(worker, monkeypatch):
+    # 64 requests: the stock config's slot that drafts 0 steps
+    seq_lens = list(range(10, 74))
+    bonus = list(range(1000, 1064))
+    out, seen = run_round(worker, monkeypatch, decode_batch(seq_lens, bonus))
+    assert worker.speculative_num_steps == 0
+    assert "drafted" not in seen
+    v = seen["verify_input"]
+    assert isinstance(v, FrozenKVMTPVerifyInput) and v.is_verify_input()
+    assert v.draft_token_num == 1 and v.spec_steps == 0
+    assert v.draft_token.tolist() == bonus  # the previous bonus tokens
+    assert v.positions.tolist() == seq_lens
+    # next seed: the new bonus token and the verify's hidden row of each request
+    seed = out.next_draft_input
+    assert isinstance(seed, FrozenKVMTPDraftInput)
+    assert seed.bonus_tokens.tolist() == list(range(500, 564))
+    assert seed.hidden_states[:, 0].tolist() == [float(i) for i in range(64)]
+
+
+def test_batch_80_round_does_not_draft_and_batch_1_does(worker, monkeypatch):
+    _, seen = run_round(worker, monkeypatch, decode_batch([5] * 80, list(range(80))))
+    assert "drafted" not in seen and seen["verify_input"].draft_token_num == 1
+    out, seen = run_round(worker, monkeypatch, decode_batch([5, 6], [3, 4]))
+    assert seen.get("drafted") and seen["verify_input"].draft_token_num == 4
+    # seed read at the last accepted node of each request's 4-row block
+    assert out.next_draft_input.hidden_states[:, 0].tolist() == [0.0, 4.0]
