@@ -9,7 +9,8 @@ triton, radix cache off), `sglang.bench_serving` with random ids at fixed length
 MTP modes: E4B assistant drafter, steps 3, topk 1, 4 draft tokens,
 SGLANG_SIMULATE_ACC_LEN=2.1 (the original study's accept length); `mtp-splitkv` adds
 --triton-attention-split-kv-verify, `mtp-splitkv-mrr80` also --max-running-requests 80
-(FROZEN_KV_MTP's default is 48). YOCO is off throughout. Writes OUT_DIR/serve_mtp.json
+(FROZEN_KV_MTP's default is 48), `mtp-splitkv-mrr80-adaptive` also --speculative-adaptive.
+YOCO is off throughout. Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
 """
 
@@ -22,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "yoco_gemma4"))
 from checkpoints import write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
-from run import MTP_ACCEPT_LEN, WORKLOADS, _server_cmd, log, serve_workloads  # noqa: E402
+from run import CONCURRENCY, MTP_ACCEPT_LEN, WORKLOADS, _server_cmd, log, serve_workloads  # noqa: E402
 
 MODE_FLAGS = {
     "nospec": [],
@@ -30,6 +31,10 @@ MODE_FLAGS = {
     "mtp-splitkv": ["--triton-attention-split-kv-verify"],
     # FROZEN_KV_MTP caps running requests at 48 when unset (speculative_hook.py)
     "mtp-splitkv-mrr80": ["--triton-attention-split-kv-verify", "--max-running-requests", "80"],
+    # + stock adaptive step counts (patch 0017): 0 draft steps from batch 64
+    "mtp-splitkv-mrr80-adaptive": [
+        "--triton-attention-split-kv-verify", "--max-running-requests", "80", "--speculative-adaptive",
+    ],
 }
 
 
@@ -38,13 +43,16 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--variant", default="e4b")
     ap.add_argument("--modes", default="nospec,mtp,mtp-splitkv")
-    ap.add_argument("--workloads", default="chat", help=f"of {', '.join(w[0] for w in WORKLOADS)}")
+    ap.add_argument("--workloads", default="chat",
+                    help=f"of {', '.join(w[0] for w in WORKLOADS)}, chat-cN (N concurrent, as run.py's sweep)")
     ap.add_argument("--port", type=int, default=32000)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model = make_checkpoint(f"{a.out}/ckpt-{a.variant}", a.variant)
     draft = write_assistant_checkpoint(f"{a.out}/ckpt-{a.variant}-assistant", None)
-    workloads = [w for w in WORKLOADS if w[0] in a.workloads.split(",")]
+    # the concurrency sweep's workloads as run.py builds them
+    known = list(WORKLOADS) + [(f"chat-c{c}", 1000, 1000, min(80, max(8, 4 * c)), c) for c in CONCURRENCY]
+    workloads = [w for w in known if w[0] in a.workloads.split(",")]
     rows = []
     for i, mode in enumerate(a.modes.split(",")):
         env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
