@@ -294,3 +294,24 @@ def test_batch_80_round_does_not_draft_and_batch_1_does(worker, monkeypatch):
     assert seen.get("drafted") and seen["verify_input"].draft_token_num == 4
     # seed read at the last accepted node of each request's 4-row block
     assert out.next_draft_input.hidden_states[:, 0].tolist() == [0.0, 4.0]
+
+
+# ------------------------------------------------ patch 0018: shared logits buffer
+
+
+@pytest.mark.parametrize("adaptive, rows", [(False, 80 * 4), (True, 80 * 8)])
+def test_shared_logits_buffer_holds_the_widest_adaptive_verify(monkeypatch, adaptive, rows):
+    """Run 15's first adaptive server died capturing the 7-step state's verify
+    graphs: 80 x 8 logits rows against a buffer sized for 80 x 4."""
+    from sglang.srt.model_executor import model_runner as mr_mod
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    # capture sizes as the decode graph config gives them (up to 80 requests)
+    monkeypatch.setattr(mr_mod, "get_batch_sizes_to_capture", lambda runner, width: ([1, 8, 64, 80], []))
+    args = frozen_args(speculative_adaptive=adaptive)
+    runner = object.__new__(ModelRunner)
+    runner.server_args = args
+    runner.spec_algorithm = SpeculativeAlgorithm.from_string("FROZEN_KV_MTP")
+    runner.is_draft_worker = False
+    assert runner.max_decode_logits_rows() == rows
