@@ -27,7 +27,7 @@
 #   T1 back-half CUDA graphs: E2B graph vs eager vs off vs ceiling with parity
 #   T2 back-half CUDA graphs: E4B parity (200 prompts, up to 8000 tokens)
 #   U1 FROZEN_KV_MTP with --speculative-adaptive: served chat-80 and chat-c8, adaptive vs no speculation
-#   U2 the same at c8 without adaptive; greedy parity MTP vs MTP + adaptive (200 prompts)
+#   U2 greedy parity MTP vs MTP + adaptive (200 prompts); served chat-c8 without adaptive
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
@@ -201,10 +201,10 @@ U1)
     --modes mtp-splitkv-mrr80-adaptive,nospec > $res/serve_adaptive.log 2>&1
   ;;
 U2)
-  gpu 0 timeout 200 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_fixed --workloads chat-c8 \
+  gpu 0 timeout 300 python3 $B/mtp_check.py $res/mtp_parity_adaptive.json --yoco off --prompts 200 --max-len 4000 \
+    --max-new 16 --b-extra '{"speculative_adaptive": true}' > $res/mtp_parity_adaptive.log 2>&1
+  gpu 0 timeout 240 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_fixed --workloads chat-c8 \
     --modes mtp-splitkv-mrr80 > $res/serve_fixed.log 2>&1
-  gpu 0 timeout 340 python3 $B/mtp_check.py $res/mtp_parity_adaptive.json --yoco off --prompts 200 --max-new 16 \
-    --b-extra '{"speculative_adaptive": true}' > $res/mtp_parity_adaptive.log 2>&1
   ;;
 T1)
   gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \
