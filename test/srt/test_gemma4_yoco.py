@@ -133,6 +133,13 @@ def test_small_pass_keeps_the_full_computation():
     assert yoco.plan_fast_prefill(fb, FIRST_SHARED, min_tokens=11) is None
 
 
+def test_unset_min_tokens_means_the_default():
+    assert yoco.DEFAULT_MIN_TOKENS == 4096
+    below = make_batch([4000, 95])
+    assert "fewer than 4096 new tokens" in yoco.fast_prefill_skip_reason(below, FIRST_SHARED, min_tokens=None)
+    assert yoco.fast_prefill_skip_reason(make_batch([4000, 96]), FIRST_SHARED, min_tokens=None) is None
+
+
 def test_model_without_kv_shared_layers_never_fires():
     cfg = types.SimpleNamespace(num_hidden_layers=60, num_kv_shared_layers=0)
     assert yoco.first_kv_shared_layer(cfg) is None

@@ -263,7 +263,8 @@ def test_min_tokens_default_cli_and_exec_features(model):
     from sglang.srt.runtime_context import get_context, get_exec
     from sglang.srt.server_args import ServerArgs
 
-    assert ServerArgs.__dataclass_fields__["kv_sharing_fast_prefill_min_tokens"].default == 4096
+    # unset: chosen at start-up (kv_sharing_fast_prefill_graph.resolve_default_min_tokens)
+    assert ServerArgs.__dataclass_fields__["kv_sharing_fast_prefill_min_tokens"].default is None
     argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "torch_native"]
     argv += [FLAG, "--kv-sharing-fast-prefill-min-tokens", "0"]
     args = server_args_from_cli(argv)
@@ -337,7 +338,9 @@ def test_gemma4_with_kv_shared_layers_accepted(
     assert lines == [
         f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
         f"of {num_layers}; prefill passes of >= 4096 new tokens run layers "
-        f"{first_shared}-{num_layers - 1} for the last token of each request only"
+        f"{first_shared}-{num_layers - 1} for the last token of each request only "
+        "(min-tokens unset: 0 instead if the back half gets CUDA graphs at start-up "
+        "and no prefill CUDA graph is captured)"
     ]
 
 

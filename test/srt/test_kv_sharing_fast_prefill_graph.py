@@ -11,6 +11,7 @@ attends (W + 1 sliding-window keys), and when start-up captures nothing.
 
 import types
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -320,7 +321,7 @@ def test_capture_records_every_bucket_under_the_private_backend(monkeypatch):
     assert all(g.outputs[bs].shape == (bs, HIDDEN) for bs in g.buckets)
 
 
-def _start_up_runner(window, pool_size):
+def _start_up_runner(window, pool_size, min_tokens=None, prefill_graph=None):
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     class Text(torch.nn.Module):
@@ -330,6 +331,7 @@ def _start_up_runner(window, pool_size):
             self.fast_prefill_first_shared_layer, self.end_layer = FIRST_SHARED, END
             self.config = types.SimpleNamespace(hidden_size=HIDDEN, hidden_size_per_layer_input=PLE)
             self.fast_prefill_graphs = None
+            self.fast_prefill_min_tokens = min_tokens
 
     class Wrapper(torch.nn.Module):
         def __init__(self):
@@ -345,6 +347,7 @@ def _start_up_runner(window, pool_size):
         attn_backend=main,
         _get_attention_backend=lambda: new,
         req_to_token_pool=types.SimpleNamespace(size=pool_size),
+        prefill_cuda_graph_runner=prefill_graph,
         dtype=torch.float64,
         device="cpu",
     ), new
@@ -371,3 +374,26 @@ def test_start_up_captures_nothing_when_the_new_backend_differs(monkeypatch):
     runner.attn_backend = make_torch_native_backend()
     assert kg.capture_back_half_graphs(runner) is None
     assert runner.model.language_model.fast_prefill_graphs is None
+
+
+@pytest.mark.parametrize(
+    "configured, prefill_graph, captured, want",
+    [
+        (None, None, True, 0),  # unset, no prefill graph: every pass (patch 0019)
+        (None, "prefill-graph", True, None),  # the graph replays passes < 4096
+        (4096, None, True, 4096),  # set explicitly: kept
+        (0, "prefill-graph", True, 0),
+        (None, None, False, None),  # back half eager: the 4096 default stays
+    ],
+)
+def test_unset_min_tokens_becomes_0_with_graphs_and_no_prefill_graph(
+    monkeypatch, configured, prefill_graph, captured, want
+):
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    _fake_cuda_capture(monkeypatch)
+    skip = None if captured else "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
+    monkeypatch.setattr(kg, "back_half_graph_skip_reason", lambda runner, text: skip)
+    runner, _ = _start_up_runner(15, 6, min_tokens=configured, prefill_graph=prefill_graph)
+    graphs = kg.capture_back_half_graphs(runner)
+    assert (graphs is not None) == captured
+    assert runner.model.language_model.fast_prefill_min_tokens == want

@@ -255,31 +255,42 @@ def _handle_prefill_cuda_graph(server_args: ServerArgs, min_tokens: int) -> None
 def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     """Validate --kv-sharing-fast-prefill; may cap or turn off the prefill graph."""
     from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.layers.kv_sharing_fast_prefill import DEFAULT_MIN_TOKENS
 
     view = resolved_view(server_args)
     if not view.kv_sharing_fast_prefill:
         return
 
-    if view.kv_sharing_fast_prefill_min_tokens < 0:
+    min_tokens = view.kv_sharing_fast_prefill_min_tokens
+    if min_tokens is not None and min_tokens < 0:
         raise ValueError(
             "--kv-sharing-fast-prefill-min-tokens must be >= 0 (got "
-            f"{view.kv_sharing_fast_prefill_min_tokens}): it is the smallest "
-            "prefill pass, in new tokens, that takes the fast path; use 0 for "
-            "every pass."
+            f"{min_tokens}): it is the smallest prefill pass, in new tokens, "
+            "that takes the fast path; use 0 for every pass, or leave it unset."
         )
     first_shared, num_layers = _check_model(server_args)
     _check_speculative(view.speculative_algorithm)
     _check_attention_backends(server_args)
     _check_unsupported_features(server_args, view)
-    _handle_prefill_cuda_graph(server_args, view.kv_sharing_fast_prefill_min_tokens)
+    # Unset: the prefill graph keeps the passes below the default; with no
+    # prefill graph, start-up lowers it to 0 once the back half is captured.
+    _handle_prefill_cuda_graph(
+        server_args, DEFAULT_MIN_TOKENS if min_tokens is None else min_tokens
+    )
 
     logger.info(
         "KV-sharing fast prefill (YOCO) on: first KV-shared layer %d of %d; "
         "prefill passes of >= %d new tokens run layers %d-%d for the last token "
-        "of each request only",
+        "of each request only%s",
         first_shared,
         num_layers,
-        view.kv_sharing_fast_prefill_min_tokens,
+        DEFAULT_MIN_TOKENS if min_tokens is None else min_tokens,
         first_shared,
         num_layers - 1,
+        (
+            " (min-tokens unset: 0 instead if the back half gets CUDA graphs at "
+            "start-up and no prefill CUDA graph is captured)"
+            if min_tokens is None
+            else ""
+        ),
     )

@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# --kv-sharing-fast-prefill-min-tokens when unset and the back half runs eager,
+# or a prefill CUDA graph replays the smaller passes: below it, an eager back half
+# costs about as much host time as it saves.
+DEFAULT_MIN_TOKENS = 4096
+
 # Persistent per-backend index buffers that init_forward_metadata writes in place
 # (a reference to the old ForwardMetadata would not protect them): triton's.
 # trtllm_mha needs none: outside CUDA graphs its init_forward_metadata fills
@@ -99,10 +104,13 @@ def fast_prefill_skip_reason(
     first_shared_layer: Optional[int],
     layers_to_capture: Sequence[int] = (),
     pp_size: int = 1,
-    min_tokens: int = 0,
+    min_tokens: Optional[int] = 0,
 ) -> Optional[str]:
     """None when YOCO may run this pass, else why the full computation is needed
-    (or, below ``min_tokens`` new tokens, why it would not pay)."""
+    (or, below ``min_tokens`` new tokens, why it would not pay; None means
+    DEFAULT_MIN_TOKENS)."""
+    if min_tokens is None:
+        min_tokens = DEFAULT_MIN_TOKENS
     if first_shared_layer is None:
         return "model has no KV-shared layers"
     # Exactly EXTEND: DECODE/MIXED/TARGET_VERIFY/DRAFT_EXTEND/SPLIT_PREFILL/IDLE/
@@ -177,7 +185,7 @@ def plan_fast_prefill(
     first_shared_layer: Optional[int],
     layers_to_capture: Sequence[int] = (),
     pp_size: int = 1,
-    min_tokens: int = 0,
+    min_tokens: Optional[int] = 0,
     graphs=None,
 ) -> Optional[FastPrefillPlan]:
     """The back-half plan for this pass, or None to run every layer on every token.
