@@ -729,3 +729,29 @@ def test_yoco_on_equals_off(model_dir):
         for (t_on, lp_on), (t_off, lp_off) in zip(results[True, mix], results[False, mix]):
             assert t_on == t_off, mix
             assert max(abs(a - b) for a, b in zip(lp_on, lp_off)) <= 1e-4, mix
+
+
+def test_unset_min_tokens_serves_with_the_default(model_dir, capfd):
+    """--kv-sharing-fast-prefill-min-tokens unset (patch 0019) through the engine:
+    on CPU the back half is not captured in CUDA graphs, so the default 4096
+    applies; a 60-token pass keeps the full computation, a 4200-token one fires."""
+    from cpu_engine import engine_greedy, start_engine
+
+    rng = random.Random(9)
+    small = [[rng.randrange(3, 512) for _ in range(20)] for _ in range(3)]
+    large = [[rng.randrange(3, 512) for _ in range(1400)] for _ in range(3)]
+    eng = start_engine(
+        model_dir,
+        kv_sharing_fast_prefill=True,
+        kv_sharing_fast_prefill_min_tokens=None,
+        chunked_prefill_size=8192,
+        log_level="debug",
+    )
+    try:
+        engine_greedy(eng, small, 2)
+        engine_greedy(eng, large, 2)
+    finally:
+        eng.shutdown()
+    log = capfd.readouterr().err
+    assert "full pass (fewer than 4096 new tokens" in log
+    assert "back half on 3 of 4200 tokens" in log
