@@ -24,6 +24,8 @@
 #   Q  what run 12 left: concurrency c8/c32 with YOCO on; the released multimodal layout
 #   S1/S2  the released multimodal layout served in full (summ, chat, 80 prompts): E4B / E2B
 #   S1on   S1's YOCO-on server alone (run 13: S1 ran out of time there)
+#   V1/V2  the min-tokens default chosen at start-up (patch 0019), served: E4B multimodal
+#          chat at 80, 1 and 8 concurrent, YOCO off (V1) / on with min-tokens unset (V2)
 #   T1 back-half CUDA graphs: E2B graph vs eager vs off vs ceiling with parity
 #   T2 back-half CUDA graphs: E4B parity (200 prompts, up to 8000 tokens)
 #   U1 FROZEN_KV_MTP with --speculative-adaptive: served chat-80 and chat-c8, adaptive vs no speculation
@@ -195,6 +197,11 @@ S1|S2|S1on)
   [ $stage = S1on ] && modes=on t=300
   gpu 0 timeout $t python3 $B/run.py $res/serve_${v}_mm --variant $v --skip-prefill --multimodal \
     --modes $modes --workloads summ,chat > $res/serve_${v}_mm.log 2>&1
+  ;;
+V1|V2)
+  modes=$([ $stage = V1 ] && echo off || echo on)
+  gpu 0 timeout 560 python3 $B/run.py $res/serve_e4b_mm_$modes --variant e4b --skip-prefill --multimodal \
+    --modes $modes --workloads chat,chat-c1,chat-c8 > $res/serve_e4b_mm_$modes.log 2>&1
   ;;
 U1)
   gpu 0 timeout 580 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_adaptive --workloads chat,chat-c8 \
