@@ -82,11 +82,11 @@ def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, pro
         out.append(rec)
     if parity and mode != "ceiling":
         prompts = parity_prompts(parity, vocab)
-        ids = []
+        parity_ids = []
         for i in range(0, len(prompts), 8):
             outs = eng.generate(input_ids=prompts[i : i + 8], sampling_params={"temperature": 0, "max_new_tokens": 8})
-            ids += [o["output_ids"] for o in outs]
-        out.append({"mode": mode, "parity_ids": ids})
+            parity_ids += [o["output_ids"] for o in outs]
+        out.append({"mode": mode, "parity_ids": parity_ids})
     if profile_point:
         from trace_summary import print_summary, profile_engine
 
