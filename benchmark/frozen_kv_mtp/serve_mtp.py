@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "yoco_gemma4"))
 from checkpoints import write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
-from run import CONCURRENCY, MTP_ACCEPT_LEN, WORKLOADS, _server_cmd, log, serve_workloads  # noqa: E402
+from run import MTP_ACCEPT_LEN, WORKLOADS, _server_cmd, concurrency_workloads, log, serve_workloads  # noqa: E402
 
 MODE_FLAGS = {
     "nospec": [],
@@ -50,8 +50,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     model = make_checkpoint(f"{a.out}/ckpt-{a.variant}", a.variant)
     draft = write_assistant_checkpoint(f"{a.out}/ckpt-{a.variant}-assistant", None)
-    # the concurrency sweep's workloads as run.py builds them
-    known = list(WORKLOADS) + [(f"chat-c{c}", 1000, 1000, min(80, max(8, 4 * c)), c) for c in CONCURRENCY]
+    known = list(WORKLOADS) + concurrency_workloads()
     workloads = [w for w in known if w[0] in a.workloads.split(",")]
     rows = []
     for i, mode in enumerate(a.modes.split(",")):

@@ -44,6 +44,12 @@ CONCURRENCY = (1, 8, 32, 80)
 MTP_ACCEPT_LEN = "2.1"
 
 
+def concurrency_workloads():
+    """chat with N requests at a time for each N in CONCURRENCY (chat-cN):
+    4 x N prompts, at least 8 and at most 80."""
+    return [(f"chat-c{c}", 1000, 1000, min(80, max(8, 4 * c)), c) for c in CONCURRENCY]
+
+
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -125,9 +131,7 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
         tcfg = None if variant == "e4b" else text_config(variant)
         draft = write_assistant_checkpoint(f"{out}/ckpt-{variant}-assistant", tcfg)
         env["SGLANG_SIMULATE_ACC_LEN"] = MTP_ACCEPT_LEN
-    workloads = list(WORKLOADS)
-    for c in CONCURRENCY:
-        workloads.append((f"chat-c{c}", 1000, 1000, min(80, max(8, 4 * c)), c))
+    workloads = list(WORKLOADS) + concurrency_workloads()
     if quick:
         workloads = [("summ", 8000, 200, 16, None), ("chat", 1000, 200, 16, None)]
     if only:
