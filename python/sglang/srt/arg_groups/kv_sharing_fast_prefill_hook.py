@@ -274,9 +274,8 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     _check_unsupported_features(server_args, view)
     # Unset: the prefill graph keeps the passes below the default; with no
     # prefill graph, start-up lowers it to 0 once the back half is captured.
-    _handle_prefill_cuda_graph(
-        server_args, DEFAULT_MIN_TOKENS if min_tokens is None else min_tokens
-    )
+    threshold = DEFAULT_MIN_TOKENS if min_tokens is None else min_tokens
+    _handle_prefill_cuda_graph(server_args, threshold)
 
     logger.info(
         "KV-sharing fast prefill (YOCO) on: first KV-shared layer %d of %d; "
@@ -284,7 +283,7 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
         "of each request only%s",
         first_shared,
         num_layers,
-        DEFAULT_MIN_TOKENS if min_tokens is None else min_tokens,
+        threshold,
         first_shared,
         num_layers - 1,
         (
