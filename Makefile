@@ -10,8 +10,8 @@ VPY := $(VENV)/bin/python
 $(VENV)/.deps: requirements-cpu.txt
 	@$(PY) tools/check_env.py
 	$(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip || { echo "error: pip could not reach the package index (check network/proxy)"; exit 1; }
-	$(VPY) -m pip install -q -r requirements-cpu.txt || { echo "error: installing requirements-cpu.txt failed (see pip's message above; is the package index reachable?)"; exit 1; }
+	$(VPY) -m pip install -q --no-cache-dir --upgrade pip || { echo "error: pip could not reach the package index (check network/proxy)"; exit 1; }
+	$(VPY) -m pip install -q --no-cache-dir -r requirements-cpu.txt || { echo "error: installing requirements-cpu.txt failed (see pip's message above; is the package index reachable?)"; exit 1; }
 	touch $@
 
 install: $(VENV)/.deps
