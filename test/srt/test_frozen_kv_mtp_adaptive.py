@@ -1,5 +1,6 @@
 """--speculative-adaptive under FROZEN_KV_MTP (patch 0017,
-speculative/frozen_kv_mtp_adaptive.py), on CPU, no engine.
+speculative/frozen_kv_mtp_adaptive.py) and its per-state capture sizes (patch
+0020, speculative/adaptive_capture_sizes.py), on CPU, no engine.
 
 Stock 0.5.17 asserts against adaptive speculation in FrozenKVMTPWorkerV2. The
 fork builds EAGLE v2's AdaptiveController there; the worker's real
@@ -19,6 +20,12 @@ import pytest
 import torch
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.model_executor.cuda_graph_config import Backend as GraphBackend
+from sglang.srt.model_executor.cuda_graph_config import (
+    CudaGraphConfig,
+    PhaseConfig,
+    cuda_graph_fully_disabled,
+)
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_context, get_spec
 from sglang.srt.server_args import ServerArgs
@@ -103,6 +110,7 @@ class TargetGraphs:
     def __init__(self, model_runner, attn_backend, speculative_num_steps, speculative_num_draft_tokens):
         self.backend = attn_backend
         self.draft_tokens = speculative_num_draft_tokens
+        self.capture_bs = decode_bs_read_by_runners()
 
 
 class GraphRunner:
@@ -111,6 +119,13 @@ class GraphRunner:
     def __init__(self, draft_worker):
         self.backend = draft_worker.draft_attn_backend
         self.steps = get_spec().speculative_num_steps
+        self.capture_bs = decode_bs_read_by_runners()
+
+
+def decode_bs_read_by_runners():
+    """What get_batch_sizes_to_capture reads: the resolved decode graph list."""
+    cfg = get_context().server_args.cuda_graph_config
+    return None if cfg is None else list(cfg.decode.bs)
 
 
 def draft_worker():
@@ -134,8 +149,7 @@ def draft_worker():
     return dw
 
 
-@pytest.fixture
-def worker(monkeypatch):
+def build_worker(monkeypatch, args):
     """A FrozenKVMTPWorkerV2 built by its real __init__ (the draft worker class
     stubbed), with the adaptive states built as EAGLEWorkerV2.init_cuda_graphs
     builds them (its real init_cuda_graphs). Draft graphs are 'captured' by
@@ -146,7 +160,7 @@ def worker(monkeypatch):
     # decision reads this)
     monkeypatch.setattr(fkv, "cuda_graph_fully_disabled", lambda: False)
     with get_context().preserve_config():
-        get_context().set_server_args(frozen_args())
+        get_context().set_server_args(args)
         dw = draft_worker()
         monkeypatch.setattr(fkv, "FrozenKVMTPDraftWorker", lambda *a, **k: dw)
         target = types.SimpleNamespace(
@@ -160,6 +174,11 @@ def worker(monkeypatch):
         dw.init_cuda_graphs = lambda: None
         w.init_cuda_graphs()
         yield w
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    yield from build_worker(monkeypatch, frozen_args())
 
 
 def test_stock_worker_refused_adaptive_and_fork_builds_controller(worker):
@@ -204,6 +223,70 @@ def test_batch_size_picks_the_step_count(worker):
     assert worker.speculative_num_steps == 0
     ctl.activate_step_by_batch(1)  # [1, 3, 7] from batch 1; starts on 3
     assert worker.speculative_num_steps == 3
+
+
+# ------------------------------------------------ patch 0020: per-state capture sizes
+
+GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80]
+
+
+@pytest.fixture
+def graph_worker(monkeypatch):
+    """The worker with decode CUDA graphs on, at GRAPH_BS (as the resolved
+    cuda_graph_config gives them on a GPU; --cuda-graph-bs-decode not given)."""
+    args = frozen_args()
+    args.cuda_graph_config = CudaGraphConfig(
+        decode=PhaseConfig(backend=GraphBackend.FULL, bs=list(GRAPH_BS)),
+        prefill=PhaseConfig(backend=GraphBackend.DISABLED),
+    )
+    assert args.cuda_graph_bs_decode is None
+    yield from build_worker(monkeypatch, args)
+
+
+def test_each_state_captures_only_the_batch_sizes_that_reach_it(graph_worker):
+    states = graph_worker.adaptive_controller._states
+    # stock config: 7 steps only below batch 8, 1 step below 64, 0 from 8 up
+    assert states[7].target_graph_runner.capture_bs == [1, 2, 4]
+    assert states[7].cuda_graph_runner.capture_bs == [1, 2, 4]
+    assert states[1].target_graph_runner.capture_bs == [b for b in GRAPH_BS if b < 64]
+    assert states[0].target_graph_runner.capture_bs == [b for b in GRAPH_BS if b >= 8]
+    # the start-up state (3 steps) was captured before; the list is restored
+    assert states[3].target_graph_runner == "target-graphs-initial"
+    assert get_context().server_args.cuda_graph_config.decode.bs == GRAPH_BS
+    assert get_context().server_args.cuda_graph_config.decode.backend == GraphBackend.FULL
+
+
+def test_every_step_a_batch_can_switch_to_has_its_graph(graph_worker):
+    """Pruning must not leave a reachable (batch, step) without a graph: the
+    slot a batch routes to may move to any of its candidate steps."""
+    ctl = graph_worker.adaptive_controller
+    for b in range(1, 81):
+        slot = ctl.params._route(b)
+        for steps in slot.candidate_steps:
+            runner = ctl._states[steps].target_graph_runner
+            if isinstance(runner, TargetGraphs):
+                assert any(g >= b for g in runner.capture_bs), (b, steps, runner.capture_bs)
+            if isinstance(ctl._states[steps].cuda_graph_runner, GraphRunner):
+                assert any(g >= b for g in ctl._states[steps].cuda_graph_runner.capture_bs)
+
+
+def test_a_step_no_batch_reaches_captures_no_graph(monkeypatch):
+    """An empty pruned list turns graphs off for that state only."""
+    from sglang.srt.speculative.adaptive_capture_sizes import capture_sizes
+
+    args = frozen_args()
+    args.cuda_graph_config = CudaGraphConfig(
+        decode=PhaseConfig(backend=GraphBackend.FULL, bs=[1, 2]),
+        prefill=PhaseConfig(backend=GraphBackend.BREAKABLE),
+    )
+    with get_context().preserve_config():
+        get_context().set_server_args(args)
+        with capture_sizes([]):
+            assert cuda_graph_fully_disabled()
+        with capture_sizes(None):
+            assert args.cuda_graph_config.decode.bs == [1, 2]
+        assert not cuda_graph_fully_disabled()
+        assert args.cuda_graph_config.prefill.backend == GraphBackend.BREAKABLE
 
 
 # ------------------------------------------------ decode rounds
