@@ -39,6 +39,8 @@ def main() -> None:
             file=sys.stderr,
         )
     here = Path.cwd()
+    if (here / ".venv").exists():
+        return  # an update of an existing venv needs far less than a new one
     msg = disk_error(here, shutil.disk_usage(here).free)
     if msg:
         sys.exit(msg)

@@ -26,9 +26,13 @@ def test_too_little_space_names_cause_and_fix():
     assert "No space left on device" in msg and "Free space" in msg
 
 
-def test_main_exits_before_pip_on_a_full_disk(monkeypatch):
+def test_main_exits_before_pip_on_a_full_disk(monkeypatch, tmp_path):
     usage = shutil.disk_usage(REPO)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=GIB))
+    monkeypatch.chdir(tmp_path)  # a clean clone: no .venv yet
     with pytest.raises(SystemExit) as exc:
         check_env.main()
     assert "1.0 GiB free" in str(exc.value)
+    # updating an existing venv is not refused
+    (tmp_path / ".venv").mkdir()
+    check_env.main()
