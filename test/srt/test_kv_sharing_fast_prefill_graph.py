@@ -171,8 +171,9 @@ def test_layer_arguments_the_graph_lacks_run_eager(monkeypatch):
     reqs=st.lists(st.tuples(st.integers(1, 90), st.integers(0, 90)), min_size=1, max_size=6),
 )
 def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
-    """The graph's triton backend (window + 1, CUDA-graph buffers) hands the decode
-    kernel the same key lists as the eager back half's metadata."""
+    """The graph's triton backend (decode metadata, CUDA-graph buffers) hands the
+    decode kernel the same key lists as the eager back half's metadata, which
+    builds its W + 1 window itself: the decode window is W + 1 keys (patch 0021)."""
     triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
     ext = [e for e, _ in reqs]
     pre = [p for _, p in reqs]
@@ -187,7 +188,7 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     graph_be.max_context_len, graph_be.is_draft_runner = 256, False
     graph_be.skip_prefill, graph_be.num_draft_tokens = False, None
     kg.make_back_half_backend(types.SimpleNamespace(_get_attention_backend=lambda: graph_be), 8)
-    assert graph_be.sliding_window_size == window + 1
+    assert graph_be.sliding_window_size == window  # the model's radius, unchanged
     graphs = make_graphs(backend=graph_be)
     n = back.batch_size
     bs = kg.bucket_for(graphs.buckets, n)
@@ -361,7 +362,7 @@ def test_start_up_captures_and_attaches_the_graphs(monkeypatch):
     graphs = kg.capture_back_half_graphs(runner)
     text = runner.model.language_model
     assert text.fast_prefill_graphs is graphs
-    assert graphs.backend is backend and backend.sliding_window_size == 16  # W + 1
+    assert graphs.backend is backend and backend.sliding_window_size == 15  # the radius W
     assert graphs.buckets == [1, 2, 4]  # no more rows than request slots
     assert (graphs.first, graphs.end) == (FIRST_SHARED, END)
     assert graphs.ple.shape == (4, END - FIRST_SHARED, PLE)

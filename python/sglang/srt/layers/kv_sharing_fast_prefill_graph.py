@@ -11,9 +11,10 @@ A graph runs the same step as the eager back half
 (``kv_sharing_fast_prefill.make_back_half_batch``): one query per request over
 its whole cached sequence, no KV write. It reads its metadata from a private
 triton backend with its own CUDA-graph buffers, so neither the pass's metadata
-nor the decode graphs' buffers are written. That backend keeps W + 1
-sliding-window keys, the window of the full pass's extend kernel (stock decode
-metadata keeps W; ``_set_back_half_window`` does the same for the eager path).
+nor the decode graphs' buffers are written. Its decode metadata keeps W + 1
+sliding-window keys, the window of the full pass's extend kernel (patch 0021;
+stock 0.5.17 kept W, and ``_set_back_half_window`` builds W + 1 itself for the
+eager path).
 """
 
 from __future__ import annotations
@@ -195,14 +196,10 @@ class BackHalfCudaGraphs:
 
 
 def make_back_half_backend(model_runner, max_bs: int):
-    """A private triton backend for the back half: W + 1 window keys, its own
-    CUDA-graph buffers."""
+    """A private triton backend for the back half, with its own CUDA-graph
+    buffers. Its decode metadata keeps W + 1 window keys (patch 0021), the keys
+    the extend kernel of the full pass lets the token attend (q - k <= W)."""
     backend = model_runner._get_attention_backend()
-    window = getattr(backend, "sliding_window_size", None)
-    if window is not None and window > 0:
-        # Decode metadata keeps the last `sliding_window_size` keys; the extend
-        # kernel of the full pass attends W + 1 (q - k <= W).
-        backend.sliding_window_size = window + 1
     backend.init_cuda_graph_state(max_bs, max_bs)
     return backend
 

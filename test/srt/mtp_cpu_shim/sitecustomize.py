@@ -1,0 +1,18 @@
+"""Test-only: lets FROZEN_KV_MTP run on this CPU machine (imported by every Python
+process started with this folder on PYTHONPATH, the engine's scheduler included).
+
+The CPU test machine is neither CUDA nor SGLang's CPU backend (no sgl_kernel), so
+two stock modules pick no implementation for the speculative tree build, the greedy
+tree verify and the verify's cache slots. Stock ships Triton versions of all three
+(the XPU path); this routes those gates there, and Triton's interpreter runs them.
+On a GPU the CUDA sgl_kernel ops run instead.
+"""
+
+import os
+
+if os.environ.get("SGLANG_TEST_MTP_CPU_SHIM") == "1":
+    from sglang.kernels.ops.speculative import cache_locs
+    from sglang.srt.speculative import eagle_utils
+
+    eagle_utils._is_xpu = True
+    cache_locs._is_xpu = True

@@ -1,0 +1,130 @@
+"""The triton backend and FROZEN_KV_MTP end to end on CPU, against Hugging Face.
+
+The engine serves the tiny Gemma-4 (window 16) on the triton backend, run by
+Triton's interpreter (TRITON_INTERPRET=1 in the scheduler process), fp32, no CUDA
+graphs, no overlap scheduling (CPU streams cannot record). Greedy outputs must equal
+HF transformers' for prompts whose HF continuation has no near-tie:
+- without speculation: patch 0021 (stock triton decode dropped the oldest key of
+  every sliding window once a request passed it; this test caught it);
+- FROZEN_KV_MTP with a Gemma-4 assistant drafter (seeded random weights);
+- with `--speculative-adaptive` (patch 0017), a config that sends batches of 2+ to
+  0 draft steps and a batch of 1 to 3: the requests finish one by one, so the run
+  switches 3 -> 0 -> 3 steps (checked in the scheduler's log);
+- with `--triton-attention-split-kv-verify` (patches 0014-0015);
+- with `--kv-sharing-fast-prefill` (YOCO under MTP, patch 0012).
+`mtp_cpu_shim/` routes three stock device gates to stock's Triton kernels (see its
+docstring).
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+from cpu_engine import HFReference, decisive_prompts, greedy_of
+from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "yoco_gemma4"))
+from checkpoints import mtp_kwargs, write_assistant_checkpoint  # noqa: E402
+
+NEW_TOKENS = [4, 8, 12]  # per prompt: the batch shrinks 3 -> 2 -> 1
+ENGINE = dict(
+    device="cpu",
+    attention_backend="triton",
+    dtype="float32",
+    skip_tokenizer_init=True,
+    disable_cuda_graph=True,
+    disable_overlap_schedule=True,
+    max_total_tokens=8192,
+    max_running_requests=8,
+    mem_fraction_static=0.05,
+    log_level="error",
+    random_seed=0,
+    kv_sharing_fast_prefill_min_tokens=0,
+)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp")
+    target = make_tiny_gemma4(str(root / "target"))
+    draft = write_assistant_checkpoint(str(root / "draft"), dict(TINY_TEXT_CONFIG))
+    env = {
+        "TRITON_INTERPRET": "1",
+        "SGLANG_TEST_MTP_CPU_SHIM": "1",
+        "SGLANG_DUMMY_WEIGHTS_AT_SCALE": "1",  # a seeded drafter, not +-1e-3
+        "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "mtp_cpu_shim"), os.environ.get("PYTHONPATH", "")]),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    hf = HFReference(target)
+    # prompts of 10-31 tokens: some start inside the window, some past it
+    candidates = [[(7 * i + 3 * j) % 500 + 5 for j in range(10 + 3 * i)] for i in range(8)]
+    kept = decisive_prompts(hf, candidates, max(NEW_TOKENS))
+    prompts = [list(p) for p in list(kept)[: len(NEW_TOKENS)]]
+    assert len(prompts) == len(NEW_TOKENS)
+    want = [kept[tuple(p)][0][:n] for p, n in zip(prompts, NEW_TOKENS)]
+    try:
+        yield target, draft, prompts, want, root
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def serve(setup, **overrides):
+    """Greedy tokens and verify-round counts of the prompts sent as one batch."""
+    import sglang as sgl
+
+    target, _, prompts, _, _ = setup
+    engine = sgl.Engine(model_path=target, **{**ENGINE, **overrides})
+    try:
+        outs = engine.generate(
+            input_ids=prompts,
+            sampling_params=[{"max_new_tokens": n, "temperature": 0.0} for n in NEW_TOKENS],
+            return_logprob=True,
+        )
+    finally:
+        engine.shutdown()
+    return [greedy_of(o)[0] for o in outs], [o["meta_info"].get("spec_verify_ct") for o in outs]
+
+
+def mtp(setup, **extra):
+    _, draft, _, _, _ = setup
+    tokens, verify = serve(setup, **mtp_kwargs(draft, 3), **extra)
+    # the speculative path ran: every round verified, at least one token each
+    assert all(v is not None and 0 < v <= n for v, n in zip(verify, NEW_TOKENS)), verify
+    return tokens
+
+
+def test_triton_decode_matches_hf(setup):
+    tokens, verify = serve(setup)
+    assert tokens == setup[3]
+    assert verify in ([None] * 3, [0] * 3)
+
+
+def test_mtp_matches_hf(setup):
+    assert mtp(setup) == setup[3]
+
+
+def test_adaptive_mtp_matches_hf_and_switches_steps(setup, capfd):
+    root = setup[4]
+    cfg = root / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}}))
+    tokens = mtp(setup, speculative_adaptive=True, speculative_adaptive_config=str(cfg), log_level="info")
+    assert tokens == setup[3]
+    log = capfd.readouterr().err
+    assert "Switch adaptive runtime state: steps 3 -> 0" in log
+    assert "Switch adaptive runtime state: steps 0 -> 3" in log
+
+
+def test_split_kv_verify_mtp_matches_hf(setup):
+    assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]
+
+
+def test_yoco_under_mtp_matches_hf(setup):
+    assert mtp(setup, kv_sharing_fast_prefill=True) == setup[3]
