@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from cpu_engine import HFReference, decisive_prompts, greedy_of
+from cpu_engine import ENGINE_DEFAULTS, HFReference, decisive_prompts, greedy_of
 from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,20 +30,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "yoco_gemma4"))
 from checkpoints import mtp_kwargs, write_assistant_checkpoint  # noqa: E402
 
 NEW_TOKENS = [4, 8, 12]  # per prompt: the batch shrinks 3 -> 2 -> 1
-ENGINE = dict(
-    device="cpu",
-    attention_backend="triton",
-    dtype="float32",
-    skip_tokenizer_init=True,
-    disable_cuda_graph=True,
-    disable_overlap_schedule=True,
-    max_total_tokens=8192,
-    max_running_requests=8,
-    mem_fraction_static=0.05,
-    log_level="error",
-    random_seed=0,
-    kv_sharing_fast_prefill_min_tokens=0,
-)
+# The CPU reference tests' engine, on the triton backend; CPU streams cannot record,
+# so no overlap scheduling.
+ENGINE = dict(ENGINE_DEFAULTS, attention_backend="triton", disable_overlap_schedule=True, max_running_requests=8)
 
 
 @pytest.fixture(scope="module")
