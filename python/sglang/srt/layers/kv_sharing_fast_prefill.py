@@ -295,9 +295,9 @@ def make_back_half_batch(
 def _set_back_half_window(backend, fb: ForwardBatch, full_prefix_lens_cpu) -> None:
     """Rebuild the sliding layers' key window of the back-half metadata.
 
-    Decode-shaped: triton's decode metadata keeps the last W keys, its extend
-    kernel W + 1 (q - k <= W, W = sliding_window - 1), so the token attends over
-    the last W + 1 cached keys. Extend-shaped: the cached keys before the token,
+    Decode-shaped: the token attends over the last W + 1 cached keys, as triton's
+    extend kernel does (q - k <= W, W = sliding_window - 1). Stock 0.5.17's decode
+    metadata kept W (patch 0021 fixes it); this builds the W + 1 itself. Extend-shaped: the cached keys before the token,
     starting where the full pass's key list started (prefix - min(prefix, W)),
     so the unified kernel blocks them exactly as in the full pass.
 

@@ -69,15 +69,16 @@ class ChainVerify:
         self.backend = backend
         self.swa = backend.sliding_window_size is not None and backend.sliding_window_size > 0
         # The extend kernel lets a query at position p see keys k >= p - W
-        # (W = backend.sliding_window_size): W + 1 keys, one more than triton's
-        # decode metadata keeps. The verify's keys are the extend kernel's.
+        # (W = backend.sliding_window_size): W + 1 keys, as triton's decode
+        # metadata keeps since patch 0021 (stock kept W). The verify's keys are
+        # the extend kernel's.
         self.window = backend.sliding_window_size + 1 if self.swa else None
 
     # --- CUDA graph: capture-stable buffers, refilled before every replay ---------
     def init_cuda_graph_state(self, max_num_tokens: int):
         """Indptr buffers for max_num_tokens decode rows (the backend's are sized
-        for requests) and window indices of W + 1 keys a row (the backend's hold
-        W); the full-attention index, split and logits buffers are the backend's,
+        for requests) and window indices of W + 1 keys a row (of its own, for as
+        many rows); the full-attention index, split and logits buffers are the backend's,
         sized for max_num_tokens rows (the index one made a row wider)."""
         be, dev = self.backend, self.backend.device
         self.kv_indptr = torch.zeros(max_num_tokens + 1, dtype=torch.int32, device=dev)
