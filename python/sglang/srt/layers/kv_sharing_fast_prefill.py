@@ -293,13 +293,13 @@ def make_back_half_batch(
 
 
 def _set_back_half_window(backend, fb: ForwardBatch, full_prefix_lens_cpu) -> None:
-    """Rebuild the sliding layers' key window of the back-half metadata.
+    """Rebuild the sliding layers' key window of an extend-shaped back half.
 
-    Decode-shaped: the token attends over the last W + 1 cached keys, as triton's
-    extend kernel does (q - k <= W, W = sliding_window - 1). Stock 0.5.17's decode
-    metadata kept W (patch 0021 fixes it); this builds the W + 1 itself. Extend-shaped: the cached keys before the token,
-    starting where the full pass's key list started (prefix - min(prefix, W)),
-    so the unified kernel blocks them exactly as in the full pass.
+    Extend-shaped: the cached keys before the token, starting where the full
+    pass's key list started (prefix - min(prefix, W)), so the unified kernel
+    blocks them exactly as in the full pass. Decode-shaped needs nothing: since
+    patch 0021 triton's decode metadata keeps the last W + 1 keys, the window of
+    the full pass's extend kernel (q - k <= W, W = sliding_window - 1).
 
     trtllm_mha needs nothing here: its metadata carries no window; its prefill
     and decode kernels both get window_left = W and keep keys k >= p - W for
@@ -309,15 +309,10 @@ def _set_back_half_window(backend, fb: ForwardBatch, full_prefix_lens_cpu) -> No
     window = getattr(backend, "sliding_window_size", None)
     if not isinstance(backend, triton_backend.TritonAttnBackend):
         return
-    if not window or window <= 0:
+    if not window or window <= 0 or fb.forward_mode.is_decode():
         return
-    seq = fb.seq_lens_cpu.tolist()
-    if fb.forward_mode.is_decode():
-        ends = seq
-        starts = [max(0, s - (window + 1)) for s in seq]
-    else:
-        ends = [s - 1 for s in seq]
-        starts = [p - min(p, window) for p in full_prefix_lens_cpu]
+    ends = [s - 1 for s in fb.seq_lens_cpu.tolist()]
+    starts = [p - min(p, window) for p in full_prefix_lens_cpu]
     lens_cpu = [e - b for b, e in zip(starts, ends)]
     device = fb.seq_lens.device
     lens = torch.tensor(lens_cpu, dtype=torch.int32).to(device, non_blocking=True)

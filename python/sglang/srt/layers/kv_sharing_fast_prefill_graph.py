@@ -13,8 +13,7 @@ its whole cached sequence, no KV write. It reads its metadata from a private
 triton backend with its own CUDA-graph buffers, so neither the pass's metadata
 nor the decode graphs' buffers are written. Its decode metadata keeps W + 1
 sliding-window keys, the window of the full pass's extend kernel (patch 0021;
-stock 0.5.17 kept W, and ``_set_back_half_window`` builds W + 1 itself for the
-eager path).
+stock 0.5.17 kept W), as the eager back half's decode metadata does.
 """
 
 from __future__ import annotations
