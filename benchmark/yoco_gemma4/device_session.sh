@@ -30,6 +30,9 @@
 #   T2 back-half CUDA graphs: E4B parity (200 prompts, up to 8000 tokens)
 #   U1 FROZEN_KV_MTP with --speculative-adaptive: served chat-80 and chat-c8, adaptive vs no speculation
 #   U2 greedy parity MTP vs MTP + adaptive (200 prompts); served chat-c8 without adaptive
+#   W1/W2 patch 0022 (window translate without a device sync), A/B: W1 serves with
+#         .device/overlay-base (main's overlay, no 0022) copied over, W2 with this overlay:
+#         chat-80 and chat-c8, no speculation and MTP + adaptive
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
@@ -212,6 +215,17 @@ U2)
     --max-new 16 --b-extra '{"speculative_adaptive": true}' > $res/mtp_parity_adaptive.log 2>&1
   gpu 0 timeout 240 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_fixed --workloads chat-c8 \
     --modes mtp-splitkv-mrr80 > $res/serve_fixed.log 2>&1
+  ;;
+W1)
+  cp -r .device/overlay-base/sglang/* /tmp/site/sglang/   # main's files: stock window translate
+  grep -c translate_window_in_place /tmp/site/sglang/srt/layers/attention/triton_backend.py
+  gpu 0 timeout 580 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_base --workloads chat,chat-c8 \
+    --modes nospec,mtp-splitkv-mrr80-adaptive > $res/serve_base.log 2>&1
+  ;;
+W2)
+  grep -c translate_window_in_place /tmp/site/sglang/srt/layers/attention/triton_backend.py
+  gpu 0 timeout 580 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_nosync --workloads chat,chat-c8 \
+    --modes nospec,mtp-splitkv-mrr80-adaptive > $res/serve_nosync.log 2>&1
   ;;
 T1)
   gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \
