@@ -76,14 +76,16 @@ def _check():
     k_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g)
     v_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g)
 
-    def attend(window):
-        layer = types.SimpleNamespace(
+    def _layer(window):
+        return types.SimpleNamespace(
             sliding_window_size=window, layer_id=0, tp_q_head_num=HEADS, qk_head_dim=HEAD_DIM,
             v_head_dim=HEAD_DIM, k_scale=None, v_scale=None, scaling=HEAD_DIM**-0.5,
             xai_temperature_len=-1, logit_capping_method="tanh", logit_cap=0.0,
             is_cross_attention=False, attn_type=AttentionType.DECODER,
         )
-        return be.forward_extend(q, k_new, v_new, layer, fb).clone()
+
+    def attend(window):
+        return be.forward_extend(q, k_new, v_new, _layer(window), fb).clone()
 
     out = {}
     be.init_forward_metadata(fb)
@@ -106,9 +108,21 @@ def _check():
     be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
     be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
     graph = {w: attend(w) for w in (WINDOW, -1)}
+    # A KV-shared layer (k = v = None: its keys are already cached, here by the
+    # calls above) reads the same keys. The stand-in pool has no get_kv_buffer,
+    # so the stock K/V gather, unused under chain verify, would raise (patch 0023).
+    shared = {}
+    for w in (WINDOW, -1):
+        try:
+            shared[w] = be.forward_extend(q, None, None, _layer(w), fb).clone()
+        except AttributeError as e:
+            shared[w] = repr(e)
     for w, name in ((WINDOW, "sliding"), (-1, "full")):
         out[name + "_max_diff"] = (chain[w] - stock[w]).abs().max().item()
         out[name + "_graph_equals_eager"] = torch.equal(graph[w], chain[w])
+        out[name + "_kv_shared_equals_chain"] = (
+            torch.equal(shared[w], graph[w]) if torch.is_tensor(shared[w]) else shared[w]
+        )
     out["splits"] = be.cuda_graph_num_kv_splits.tolist()
     # Control: a window one key narrower (what triton's decode metadata keeps)
     # moves the output far beyond the tolerance.
@@ -125,6 +139,9 @@ def test_chain_verify_attends_like_the_extend_kernel():
     assert out["full_max_diff"] < 1e-5, out
     assert out["sliding_max_diff"] < 1e-5, out
     assert out["full_graph_equals_eager"] and out["sliding_graph_equals_eager"]
+    # a KV-shared layer: same output, and no K/V gather (patch 0023)
+    assert out["full_kv_shared_equals_chain"] is True, out
+    assert out["sliding_kv_shared_equals_chain"] is True, out
     assert out["graph_kv_indices_fit_rows"]
     assert max(out["splits"]) > 1  # the decode kernel did split the keys
     assert out["narrower_window_diff"] > 1e-3  # the tolerance sees one key too few
