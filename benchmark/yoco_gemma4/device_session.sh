@@ -30,9 +30,10 @@
 #   T2 back-half CUDA graphs: E4B parity (200 prompts, up to 8000 tokens)
 #   U1 FROZEN_KV_MTP with --speculative-adaptive: served chat-80 and chat-c8, adaptive vs no speculation
 #   U2 greedy parity MTP vs MTP + adaptive (200 prompts); served chat-c8 without adaptive
-#   W1/W2 patches 0022-0023 (window translate without a device sync; no K/V gather of
-#         KV-shared layers under chain verify), A/B: W1 serves with
-#         .device/overlay-base (main's overlay, no 0022-0023) copied over, W2 with this overlay:
+#   W1/W2 patches 0022-0024 (window translate without a device sync; no K/V gather of
+#         KV-shared layers under chain verify; FROZEN_KV_MTP's WAR barrier on the verify's
+#         read-done event), A/B: W1 serves with
+#         .device/overlay-base (main's overlay, no 0022-0024) copied over, W2 with this overlay:
 #         chat-80 and chat-c8, no speculation and MTP + adaptive
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
