@@ -12,7 +12,11 @@ prefix. This times, per layer kind (sliding / full) and per (batch, context):
   on gfx95 only and it declines sliding windows: here sliding layers hand it the window's
   keys already cut, so it times what a window-aware version would cost);
 - `decode`: the split-KV decode kernel over B*N queries, query i of a request seeing
-  prefix + draft tokens 0..i (what a verify could be if run as N decode queries).
+  prefix + draft tokens 0..i (what a verify could be if run as N decode queries);
+- `grouped`: the fork's `chain_verify_grouped_fwd`
+  (`layers/attention/triton_chain_verify_grouped.py`): the same B*N rows, but one program
+  computes all N draft rows of a request against each key tile, so the keys are read once
+  a request, not once a draft token.
 Each is captured in a CUDA graph and replayed (no launch overhead), median of --iters.
 `step_ms` sums a variant over the model's layers (sliding x n_sliding + full x n_full);
 the max abs difference against `extend` checks that the variants compute the same thing.
@@ -55,26 +59,31 @@ def problem(B, L, N, h, hkv, d, window, dev, gen, dtype):
     ids = [torch.cat([prefix[b * P:(b + 1) * P], new[b * N:b * N + i + 1]]) for b in range(B) for i in range(N)]
     dec_indptr = torch.zeros(B * N + 1, **i32)
     dec_indptr[1:] = torch.cumsum(torch.tensor([len(x) for x in ids], device=dev), 0)
+    # grouped form: one list a request, prefix(b) + new(b); query i sees its first P + i + 1
+    req_ids = torch.cat([torch.cat([prefix[b * P:(b + 1) * P], new[b * N:(b + 1) * N]]) for b in range(B)])
     return dict(q=q, k_new=k_new, v_new=v_new, kbuf=kbuf, vbuf=vbuf, qo_indptr=qo_indptr,
                 kv_indptr=kv_indptr, kv_indices=prefix.to(torch.int64), mask=mask, mask_indptr=mask_indptr,
-                dec_indptr=dec_indptr, dec_indices=torch.cat(ids).to(torch.int64), N=N, B=B, P=P)
+                dec_indptr=dec_indptr, dec_indices=torch.cat(ids).to(torch.int64), N=N, B=B, P=P,
+                req_indptr=torch.arange(B + 1, **i32) * (P + N), req_indices=req_ids.to(torch.int64))
 
 
 def variants(p, splits):
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
     from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
+    from sglang.srt.layers.attention.triton_chain_verify_grouped import chain_verify_grouped_fwd
 
     d, dv = p["q"].shape[-1], p["vbuf"].shape[-1]
     sm = d ** -0.5
     out = {k: torch.zeros(p["q"].shape[0], p["q"].shape[1], dv, dtype=p["q"].dtype, device=p["q"].device)
-           for k in ("extend", "splitkv", "decode")}
+           for k in ("extend", "splitkv", "decode", "grouped")}
     extend_args = (p["q"], p["k_new"], p["v_new"])
     common = (p["kbuf"], p["vbuf"], p["qo_indptr"], p["kv_indptr"], p["kv_indices"], p["mask"], True,
               p["mask_indptr"], p["N"], 1.0, 1.0, sm)
     logits = torch.empty(p["q"].shape[0], p["q"].shape[1], splits, dv, dtype=torch.float32, device=p["q"].device)
     lse = torch.empty(p["q"].shape[0], p["q"].shape[1], splits, dtype=torch.float32, device=p["q"].device)
     nsplit = torch.full((p["q"].shape[0],), splits, dtype=torch.int32, device=p["q"].device)
+    req_nsplit = torch.full((p["B"],), splits, dtype=torch.int32, device=p["q"].device)
 
     def extend():
         extend_attention_fwd(*extend_args, out["extend"], *common)
@@ -86,7 +95,13 @@ def variants(p, splits):
         decode_attention_fwd(p["q"], p["kbuf"], p["vbuf"], out["decode"], p["dec_indptr"], p["dec_indices"],
                              logits, lse, nsplit, splits, sm, 1.0, 1.0)
 
-    return {"extend": extend, "splitkv": splitkv, "decode": decode}, out
+    def grouped():
+        # the bench's sliding problem already cuts the window (every row sees all P
+        # prefix keys), so no window here
+        chain_verify_grouped_fwd(p["q"], p["kbuf"], p["vbuf"], out["grouped"], p["req_indptr"],
+                                 p["req_indices"], p["N"], 0, logits, lse, req_nsplit, splits, sm)
+
+    return {"extend": extend, "splitkv": splitkv, "decode": decode, "grouped": grouped}, out
 
 
 def zero_stock_splitkv_partials():
@@ -158,7 +173,7 @@ def main():
                     if name != "extend":
                         rec[f"{kind}_{name}_maxdiff"] = (out[name].float() - out["extend"].float()).abs().max().item()
                 rec[f"{kind}_layers"] = n
-            for name in ("extend", "splitkv", "decode"):
+            for name in ("extend", "splitkv", "decode", "grouped"):
                 if dev == "cuda":
                     rec[f"step_{name}_ms"] = (rec[f"sliding_{name}_ms"] * s["swa"][2]
                                               + rec[f"full_{name}_ms"] * s["full"][2])

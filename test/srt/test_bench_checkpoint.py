@@ -349,7 +349,8 @@ def test_trace_diff_ranks_host_time_added_inside_the_step(tmp_path):
 def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
     """verify_kernel_bench.py (FROZEN_KV_MTP verify attention: extend kernel vs split-KV
     variants) on its tiny shape under Triton's interpreter: one row per point, and the
-    split-KV and decode-row variants compute the extend kernel's attention."""
+    split-KV, decode-row and grouped (keys read once a request) variants compute the
+    extend kernel's attention."""
     import json
     import subprocess
 
@@ -363,7 +364,8 @@ def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert [(r["batch"], r["context"]) for r in rows] == [(2, 5), (2, 20)]
     diffs = [v for r in rows for k, v in r.items() if k.endswith("_maxdiff")]
-    assert len(diffs) == 8 and max(diffs) < 1e-5
+    assert len(diffs) == 12 and max(diffs) < 1e-5
+    assert all(f"{kind}_grouped_maxdiff" in r for r in rows for kind in ("sliding", "full"))
 
 
 def test_served_benchmark_server_flags(tmp_path, monkeypatch):

@@ -1,0 +1,81 @@
+"""layers/attention/triton_chain_verify_grouped.py: a top-1 draft chain's attention,
+all N draft rows of a request computed per key tile (keys read once a request), under
+Triton's interpreter on CPU (a fresh process: this file runs itself as a script).
+
+Against a plain torch reference: draft row t of a request with a list of L keys sees
+list positions [max(0, hi - window), hi), hi = L - (N - 1 - t). Cases: full layers
+(prefix + draft tokens, one list shorter than a split), sliding layers (union windows of
+window + N - 1 keys, and a request shorter than the window), more rows than one program
+takes (head chunks), a tanh logit cap, fp16, and uneven split counts. Control: the
+reference with a window one key wider is far from the kernel's output, so an off-by-one
+in the rows' bounds would show.
+"""
+
+from triton_interpret import print_result, run_as_script
+
+
+def _reference(q, kb, vb, indptr, idx, N, window, scale, cap=0.0):
+    import torch
+
+    T, H, _ = q.shape
+    G = H // kb.shape[1]
+    out = torch.zeros(T, H, vb.shape[-1])
+    for b in range(T // N):
+        s, e = int(indptr[b]), int(indptr[b + 1])
+        for t in range(N):
+            hi = (e - s) - (N - 1 - t)
+            keys = idx[s:e][max(hi - window, 0) if window else 0 : hi]
+            for h in range(H):
+                sc = (q[b * N + t, h].float() @ kb[keys, h // G].float().T) * scale
+                if cap:
+                    sc = cap * torch.tanh(sc / cap)
+                out[b * N + t, h] = torch.softmax(sc, 0) @ vb[keys, h // G].float()
+    return out
+
+
+def _case(B, N, H, Hkv, D, Dv, lens, window, splits, dtype="float32", cap=0.0, control=False):
+    import torch
+
+    from sglang.srt.layers.attention.triton_chain_verify_grouped import chain_verify_grouped_fwd
+
+    dtype = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(sum(lens) + N)
+    pool, S = 1024, 8
+    kb = torch.randn(pool, Hkv, D, generator=g).to(dtype)
+    vb = torch.randn(pool, Hkv, Dv, generator=g).to(dtype)
+    q = torch.randn(B * N, H, D, generator=g).to(dtype)
+    indptr = torch.zeros(B + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(lens), 0)
+    idx = torch.randperm(pool, generator=g)[: sum(lens)].to(torch.int64)
+    o = torch.empty(B * N, H, Dv, dtype=dtype)
+    # NaN scratch: a split must never read what stage 1 did not write
+    logits = torch.full((B * N, H, S, Dv), float("nan"))
+    lse = torch.full((B * N, H, S), float("nan"))
+    chain_verify_grouped_fwd(q, kb, vb, o, indptr, idx, N, window, logits, lse,
+                             torch.tensor(splits, dtype=torch.int32), S, D**-0.5, cap)
+    ref_window = window + 1 if control else window
+    ref = _reference(q, kb, vb, indptr, idx, N, ref_window, D**-0.5, cap)
+    return (o.float() - ref).abs().max().item()
+
+
+def _check():
+    return {
+        "full": _case(3, 4, 8, 2, 32, 32, [5, 70, 130], 0, [1, 3, 8]),
+        "sliding": _case(4, 4, 4, 2, 16, 16, [4, 40, 43, 43], 40, [2, 8, 5, 1]),
+        "head_chunks": _case(2, 8, 16, 1, 16, 16, [20, 50], 0, [4, 2]),
+        "logit_cap": _case(2, 3, 4, 4, 16, 32, [9, 33], 0, [3, 2], cap=5.0),
+        "fp16": _case(2, 4, 8, 2, 32, 32, [17, 66], 0, [2, 4], dtype="float16"),
+        "control_window_plus_1": _case(2, 4, 4, 2, 16, 16, [43, 43], 40, [2, 3], control=True),
+    }
+
+
+def test_grouped_chain_verify_matches_reference():
+    out = run_as_script(__file__)
+    for name in ("full", "sliding", "head_chunks", "logit_cap"):
+        assert out[name] < 1e-5, (name, out[name])
+    assert out["fp16"] < 2e-3
+    assert out["control_window_plus_1"] > 1e-2
+
+
+if __name__ == "__main__":
+    print_result(_check)
