@@ -124,6 +124,21 @@ def _check():
             torch.equal(shared[w], graph[w]) if torch.is_tensor(shared[w]) else shared[w]
         )
     out["splits"] = be.cuda_graph_num_kv_splits.tolist()
+    # Grouped (SGLANG_CHAIN_VERIFY_GROUPED=1): one key list a request, all draft
+    # rows of a request per key tile; eager and CUDA-graph metadata.
+    be.chain_verify = ChainVerify(be)
+    be.chain_verify.grouped = True
+    be.init_forward_metadata(fb)
+    out["grouped_lists_per_request"] = (be.forward_metadata.kv_indptr.shape[0] == bs + 1
+                                        and be.forward_metadata.window_kv_indptr.shape[0] == bs + 1)
+    grouped = {w: attend(w) for w in (WINDOW, -1)}
+    be.chain_verify.init_cuda_graph_state(m)
+    be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
+    be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
+    grouped_graph = {w: attend(w) for w in (WINDOW, -1)}
+    for w, name in ((WINDOW, "sliding"), (-1, "full")):
+        out[name + "_grouped_max_diff"] = (grouped[w] - stock[w]).abs().max().item()
+        out[name + "_grouped_graph_equals_eager"] = torch.equal(grouped_graph[w], grouped[w])
     # Control: a window one key narrower (what triton's decode metadata keeps)
     # moves the output far beyond the tolerance.
     be.sliding_window_size = WINDOW - 1
@@ -145,6 +160,11 @@ def test_chain_verify_attends_like_the_extend_kernel():
     assert out["graph_kv_indices_fit_rows"]
     assert max(out["splits"]) > 1  # the decode kernel did split the keys
     assert out["narrower_window_diff"] > 1e-3  # the tolerance sees one key too few
+    # grouped kernel (keys read once a request): the same attention
+    assert out["grouped_lists_per_request"]
+    assert out["full_grouped_max_diff"] < 1e-5, out
+    assert out["sliding_grouped_max_diff"] < 1e-5, out
+    assert out["full_grouped_graph_equals_eager"] and out["sliding_grouped_graph_equals_eager"]
 
 
 if __name__ == "__main__":

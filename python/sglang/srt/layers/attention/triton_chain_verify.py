@@ -14,13 +14,24 @@ token, over `req_to_token[req, :seq_len + i + 1]` (or its sliding window), which
 Same keys (a sliding layer's W + 1, as the extend kernel's mask keeps), same chain
 mask; the sum is split over the keys, so the result is not bitwise the extend
 kernel's. Off unless `--triton-attention-split-kv-verify`.
+
+With SGLANG_CHAIN_VERIFY_GROUPED=1 the metadata holds one key list per request
+instead (its prefix and draft tokens; a sliding layer's union of the rows' windows,
+W + N keys) and `triton_chain_verify_grouped.py` computes all N draft rows of a
+request per key tile, reading the keys once a request instead of once a draft token.
+Off by default until a GPU measures it.
 """
 
 import logging
+import os
 
 import torch
 
+from sglang.srt.layers.attention.triton_chain_verify_grouped import chain_verify_grouped_fwd
+
 logger = logging.getLogger(__name__)
+
+GROUPED_ENV = "SGLANG_CHAIN_VERIFY_GROUPED"
 
 
 def chain_verify_enabled(backend, server_args) -> bool:
@@ -73,6 +84,7 @@ class ChainVerify:
         # metadata keeps since patch 0021 (stock kept W). The verify's keys are
         # the extend kernel's.
         self.window = backend.sliding_window_size + 1 if self.swa else None
+        self.grouped = os.environ.get(GROUPED_ENV, "0") == "1"
 
     # --- CUDA graph: capture-stable buffers, refilled before every replay ---------
     def init_cuda_graph_state(self, max_num_tokens: int):
@@ -96,10 +108,10 @@ class ChainVerify:
     def fill_graph_buffers(self, bs, seq_lens, req_pool_indices, spec_info):
         be = self.backend
         n = _num_draft_tokens(be, spec_info)
-        rows, lens = chain_query_lens(seq_lens[:bs], req_pool_indices[:bs], n)
+        rows, lens = self._lists(seq_lens[:bs], req_pool_indices[:bs], n)
         window_lens = self._fill(rows, lens, self.kv_indptr, be.cuda_graph_kv_indices,
-                                 self.window_kv_indptr, self.window_kv_indices)
-        m = bs * n
+                                 self.window_kv_indptr, self.window_kv_indices, n)
+        m = rows.shape[0]
         be.get_num_kv_splits(be.cuda_graph_num_kv_splits[:m], lens)
         if self.swa:
             be.get_num_kv_splits(be.cuda_graph_window_num_kv_splits[:m], window_lens)
@@ -108,7 +120,7 @@ class ChainVerify:
         from sglang.srt.layers.attention.triton_backend import ForwardMetadata
 
         be = self.backend
-        m = bs * _num_draft_tokens(be, spec_info)
+        m = bs if self.grouped else bs * _num_draft_tokens(be, spec_info)
         return ForwardMetadata(
             attn_logits=be.cuda_graph_attn_logits,
             attn_lse=be.cuda_graph_attn_lse,
@@ -137,16 +149,16 @@ class ChainVerify:
         be = self.backend
         n = _num_draft_tokens(be, forward_batch.spec_info)
         bs = len(forward_batch.req_pool_indices)
-        rows, lens = chain_query_lens(forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n)
-        m, dev = bs * n, be.device
+        rows, lens = self._lists(forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n)
+        m, q_rows, dev = rows.shape[0], bs * n, be.device
         # Exact size (one sync): eager verify runs only off the CUDA-graph path.
         kv_indices = torch.empty(int(lens.sum().item()), dtype=torch.int64, device=dev)
         kv_indptr = torch.zeros(m + 1, dtype=torch.int32, device=dev)
         window_kv_indptr = window_kv_indices = None
         if self.swa:
             window_kv_indptr = torch.zeros_like(kv_indptr)
-            window_kv_indices = torch.empty(m * self.window, dtype=torch.int64, device=dev)
-        window_lens = self._fill(rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices)
+            window_kv_indices = torch.empty(m * self._list_window(n), dtype=torch.int64, device=dev)
+        window_lens = self._fill(rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices, n)
 
         def splits(seq):
             out = torch.empty(m, dtype=torch.int32, device=dev)
@@ -154,7 +166,7 @@ class ChainVerify:
             return out
 
         def logits(v_dim):
-            return torch.empty(m, be.num_head, be.max_kv_splits, v_dim, dtype=torch.float32, device=dev)
+            return torch.empty(q_rows, be.num_head, be.max_kv_splits, v_dim, dtype=torch.float32, device=dev)
 
         return (
             kv_indptr,
@@ -164,14 +176,67 @@ class ChainVerify:
             splits(lens),
             splits(window_lens) if self.swa else None,
             logits(be.v_head_dim),
-            torch.empty(m, be.num_head, be.max_kv_splits, dtype=torch.float32, device=dev),
+            torch.empty(q_rows, be.num_head, be.max_kv_splits, dtype=torch.float32, device=dev),
             logits(be.swa_v_head_dim) if be.swa_v_head_dim is not None else None,
         )
 
+    # --- forward ------------------------------------------------------------------
+    def forward(self, q, k, v, layer, forward_batch, sinks=None, score_mod=None, aux_tensors=None):
+        """The verify's attention; K/V of the draft tokens are already saved."""
+        be = self.backend
+        if not self.grouped:
+            # One decode row per draft token.
+            return be.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False,
+                                     sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
+        unsupported = [name for name, on in (
+            ("attention sinks", sinks is not None), ("score_mod", score_mod is not None),
+            ("xai temperature", (layer.xai_temperature_len or -1) > 0),
+            ("scaled (fp8) KV", layer.k_scale is not None)) if on]
+        if unsupported:
+            raise NotImplementedError(
+                f"{GROUPED_ENV}=1 does not handle {', '.join(unsupported)}; unset it "
+                "(the per-draft-token split-KV verify handles them)"
+            )
+        md = be.forward_metadata
+        sliding = layer.sliding_window_size is not None and layer.sliding_window_size > -1
+        attn_logits = md.attn_logits
+        if md.swa_attn_logits is not None and layer.v_head_dim == be.swa_v_head_dim:
+            attn_logits = md.swa_attn_logits
+        q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        o = q.new_empty((q.shape[0], layer.tp_q_head_num, layer.v_head_dim))
+        chain_verify_grouped_fwd(
+            q,
+            be.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            be.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            o,
+            md.window_kv_indptr if sliding else md.kv_indptr,
+            md.window_kv_indices if sliding else md.kv_indices,
+            _num_draft_tokens(be, forward_batch.spec_info),
+            self.window if sliding else 0,
+            attn_logits,
+            md.attn_lse,
+            md.window_num_kv_splits if sliding else md.num_kv_splits,
+            be.max_kv_splits,
+            layer.scaling,
+            layer.logit_cap or 0.0,
+        )
+        return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
     # --- shared -------------------------------------------------------------------
-    def _fill(self, rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices):
-        """The backend's decode index builders, run over one row per draft token.
-        Returns the window lengths (None without sliding window)."""
+    def _lists(self, seq_lens, req_pool_indices, n):
+        """(pool row, keys) of each key list: one per draft token, or with
+        grouping one per request (its prefix and all n draft tokens)."""
+        if self.grouped:
+            return req_pool_indices, seq_lens + n
+        return chain_query_lens(seq_lens, req_pool_indices, n)
+
+    def _list_window(self, n):
+        # Grouped: the union of a request's n row windows, which end one key apart.
+        return self.window + n - 1 if self.grouped else self.window
+
+    def _fill(self, rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices, n):
+        """The backend's decode index builders, run over each key list (see
+        `_lists`). Returns the window lengths (None without sliding window)."""
         from sglang.srt.layers.attention.triton_backend import (
             create_flashinfer_kv_indices_triton,
             update_sliding_window_buffer,
@@ -188,7 +253,7 @@ class ChainVerify:
         _, _, window_lens, _ = update_sliding_window_buffer(
             window_kv_indptr,
             be.req_to_token,
-            self.window,
+            self._list_window(n),
             lens,
             rows,
             m,
