@@ -1,7 +1,7 @@
 """FROZEN_KV_MTP vs no speculation: decode tok/s and per-step time over batch x context.
 
     python benchmark/frozen_kv_mtp/profile_draft.py OUT_DIR [--target 31b|e4b]
-        [--batches 1,2,4,8] [--contexts 220,670,2048,2460,4000] [--modes off,mtp,mtp-splitkv]
+        [--batches 1,2,4,8] [--contexts 220,670,2048,2460,4000] [--modes off,mtp,mtp-splitkv,mtp-splitkv-grouped]
         [--profile] [--profile-point 8x2048]
 
 Gemma-4 text-only target, `--load-format dummy` + SGLANG_DUMMY_WEIGHTS_AT_SCALE=1, and a
@@ -70,10 +70,13 @@ def make_engine(mode, target_dir, draft_dir, a):
     kw = dict(model_path=target_dir, disable_radix_cache=True, tp_size=a.tp, context_length=a.context_length)
     if a.max_running_requests:
         kw["max_running_requests"] = a.max_running_requests
-    if mode in ("mtp", "mtp-splitkv"):
+    if mode in ("mtp", "mtp-splitkv", "mtp-splitkv-grouped"):
         kw.update(mtp_kwargs(draft_dir, a.steps))
-    if mode == "mtp-splitkv":  # verify as decode queries (split-KV decode kernel)
+    if mode.startswith("mtp-splitkv"):  # verify as decode queries (split-KV decode kernel)
         kw["triton_attention_split_kv_verify"] = True
+    # grouped: all draft rows of a request per key tile (the scheduler process
+    # inherits the environment when the engine starts it)
+    os.environ["SGLANG_CHAIN_VERIFY_GROUPED"] = "1" if mode == "mtp-splitkv-grouped" else "0"
     kw.update(json.loads(a.extra))  # e.g. '{"disable_overlap_schedule": true}'
     return sgl.Engine(**engine_kwargs(**kw))
 

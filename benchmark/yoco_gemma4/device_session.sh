@@ -35,6 +35,8 @@
 #         read-done event), A/B: W1 serves with
 #         .device/overlay-base (main's overlay, no 0022-0024) copied over, W2 with this overlay:
 #         chat-80 and chat-c8, no speculation and MTP + adaptive
+#   G1/G2 grouped chain verify (patch 0024, SGLANG_CHAIN_VERIFY_GROUPED=1):
+#         kernel bench e4b/31b and E4B step times (G1); 31B step times, 220 vs 2048 (G2)
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
@@ -151,6 +153,24 @@ K)
   ( FKV_CKPT_DIR=/tmp/fkv1 gpu 1 timeout 570 python3 $F/profile_draft.py $res/draft_31b --target 31b --batches 8 \
       --contexts 2048 --out-len 64 --repeats 1 --modes off,mtp,mtp-splitkv > $res/draft_31b.log 2>&1 ) &
   wait
+  ;;
+G1)
+  # grouped chain verify (branch chain-verify-grouped): kernel times against the per-row
+  # split-KV decode rows, then E4B step times per-row vs grouped
+  F=benchmark/frozen_kv_mtp
+  for s in e4b 31b; do
+    gpu 0 timeout 90 python3 $F/verify_kernel_bench.py $res/verify_kernel_grouped_$s.json --shape $s \
+      --batches 1,8 --contexts 220,1024,2460 > $res/verify_kernel_grouped_$s.log 2>&1
+  done
+  grep -h RESULT $res/verify_kernel_grouped_*.log | cut -c1-400
+  FKV_CKPT_DIR=/tmp/fkv0 gpu 0 timeout 400 python3 $F/profile_draft.py $res/draft_e4b_grouped --target e4b \
+    --batches 8 --contexts 220,2460 --modes mtp-splitkv,mtp-splitkv-grouped > $res/draft_e4b_grouped.log 2>&1
+  ;;
+G2)
+  # the same on the 31B shape (the step-growth target: 1.15x from 220 to 2048)
+  FKV_CKPT_DIR=/tmp/fkv0 gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/profile_draft.py $res/draft_31b_grouped \
+    --target 31b --batches 8 --contexts 220,2048 --out-len 64 --repeats 1 --max-running-requests 8 \
+    --modes mtp-splitkv,mtp-splitkv-grouped > $res/draft_31b_grouped.log 2>&1
   ;;
 L)
   # served E4B chat | 31B step times (8 running requests: the SWA pool cap at the default 48 does not fit)
