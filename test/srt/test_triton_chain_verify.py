@@ -105,24 +105,30 @@ def _check():
     be.chain_verify.init_cuda_graph_state(m)
     # rows reach seq_len + N keys: the index buffer grows to whole req_to_token rows
     out["graph_kv_indices_fit_rows"] = be.cuda_graph_kv_indices.numel() == m * (MAX_CTX + N + 4)
-    be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
-    be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
-    graph = {w: attend(w) for w in (WINDOW, -1)}
-    # A KV-shared layer (k = v = None: its keys are already cached, here by the
-    # calls above) reads the same keys. The stand-in pool has no get_kv_buffer,
-    # so the stock K/V gather, unused under chain verify, would raise (patch 0023).
-    shared = {}
-    for w in (WINDOW, -1):
-        try:
-            shared[w] = be.forward_extend(q, None, None, _layer(w), fb).clone()
-        except AttributeError as e:
-            shared[w] = repr(e)
-    for w, name in ((WINDOW, "sliding"), (-1, "full")):
-        out[name + "_max_diff"] = (chain[w] - stock[w]).abs().max().item()
-        out[name + "_graph_equals_eager"] = torch.equal(graph[w], chain[w])
-        out[name + "_kv_shared_equals_chain"] = (
-            torch.equal(shared[w], graph[w]) if torch.is_tensor(shared[w]) else shared[w]
-        )
+
+    def compare(eager, tag):
+        """Refill the graph buffers as before a replay; eager vs stock, graph vs eager,
+        and a KV-shared layer against the graph."""
+        be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
+        be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
+        graph = {w: attend(w) for w in (WINDOW, -1)}
+        # A KV-shared layer (k = v = None: its keys are already cached, here by the
+        # calls above) reads the same keys. The stand-in pool has no get_kv_buffer,
+        # so the stock K/V gather, unused under chain verify, would raise (patch 0023).
+        shared = {}
+        for w in (WINDOW, -1):
+            try:
+                shared[w] = be.forward_extend(q, None, None, _layer(w), fb).clone()
+            except AttributeError as e:
+                shared[w] = repr(e)
+        for w, name in ((WINDOW, "sliding"), (-1, "full")):
+            out[name + tag + "_max_diff"] = (eager[w] - stock[w]).abs().max().item()
+            out[name + tag + "_graph_equals_eager"] = torch.equal(graph[w], eager[w])
+            out[name + tag + "_kv_shared_equals_chain"] = (
+                torch.equal(shared[w], graph[w]) if torch.is_tensor(shared[w]) else shared[w]
+            )
+
+    compare(chain, "")
     out["splits"] = be.cuda_graph_num_kv_splits.tolist()
     # Grouped (SGLANG_CHAIN_VERIFY_GROUPED=1): one key list a request, all draft
     # rows of a request per key tile; eager and CUDA-graph metadata.
@@ -133,12 +139,7 @@ def _check():
                                         and be.forward_metadata.window_kv_indptr.shape[0] == bs + 1)
     grouped = {w: attend(w) for w in (WINDOW, -1)}
     be.chain_verify.init_cuda_graph_state(m)
-    be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
-    be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
-    grouped_graph = {w: attend(w) for w in (WINDOW, -1)}
-    for w, name in ((WINDOW, "sliding"), (-1, "full")):
-        out[name + "_grouped_max_diff"] = (grouped[w] - stock[w]).abs().max().item()
-        out[name + "_grouped_graph_equals_eager"] = torch.equal(grouped_graph[w], grouped[w])
+    compare(grouped, "_grouped")
     # Control: a window one key narrower (what triton's decode metadata keeps)
     # moves the output far beyond the tolerance.
     be.sliding_window_size = WINDOW - 1
@@ -165,6 +166,8 @@ def test_chain_verify_attends_like_the_extend_kernel():
     assert out["full_grouped_max_diff"] < 1e-5, out
     assert out["sliding_grouped_max_diff"] < 1e-5, out
     assert out["full_grouped_graph_equals_eager"] and out["sliding_grouped_graph_equals_eager"]
+    assert out["full_grouped_kv_shared_equals_chain"] is True, out
+    assert out["sliding_grouped_kv_shared_equals_chain"] is True, out
 
 
 if __name__ == "__main__":
