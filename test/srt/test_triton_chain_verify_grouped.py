@@ -11,6 +11,7 @@ reference with a window one key wider is far from the kernel's output, so an off
 in the rows' bounds would show.
 """
 
+import pytest
 from triton_interpret import print_result, run_as_script
 
 
@@ -79,3 +80,49 @@ def test_grouped_chain_verify_matches_reference():
 
 if __name__ == "__main__":
     print_result(_check)
+
+
+# ---------------------------------------------------------------- compiled for the H200
+# The interpreter checks the arithmetic, not what Triton's compiler accepts; compile the
+# kernels for sm_90 here (no GPU needed) at the real shapes, and read ptxas's spills.
+
+
+def _compile_stage1(D, N, G):
+    import glob
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sglang.srt.layers.attention import triton_chain_verify_grouped as m
+
+    hpp, block_m, block_n, num_warps = m.launch_config(N, G, D, D)  # what the wrapper launches
+    const = dict(N=N, G=G, HEADS_PER_PROG=hpp, WINDOW=0, D=D, DV=D, BLOCK_D=D, BLOCK_DV=D,
+                 BLOCK_M=block_m, BLOCK_N=block_n)
+    sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "kv_indptr": "*i32", "kv_indices": "*i64",
+           "num_kv_splits": "*i32", "Att_Out": "*fp32", "Att_Lse": "*fp32", "sm_scale": "fp32",
+           "logit_cap": "fp32"}
+    sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
+                                   "stride_vh", "stride_ot", "stride_oh", "stride_os", "stride_lt",
+                                   "stride_lh")})
+    sig.update({k: "constexpr" for k in const})
+    kernel = triton.compile(ASTSource(fn=m._chain_grouped_stage1, signature=sig, constexprs=const),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
+    ptxas = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas*"))
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(kernel.asm["ptx"])
+    out = subprocess.run([sorted(ptxas)[0], "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                         capture_output=True, text=True)
+    os.unlink(f.name)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [l for l in out.stderr.splitlines() if "spill stores" in l]
+
+
+@pytest.mark.parametrize("D, N, G", [(512, 4, 8), (512, 8, 8), (256, 4, 4), (256, 4, 2)])
+def test_stage1_compiles_for_sm90_without_spills(D, N, G):
+    """31B full (512, 8 heads a KV head), adaptive 8 draft tokens, E4B / 31B sliding."""
+    spills = _compile_stage1(D, N, G)
+    assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills

@@ -24,8 +24,10 @@ combines the splits. A row with no key in a split gets lse -inf there.
 import triton
 import triton.language as tl
 
-# Query rows (draft rows x heads of one KV head) one program computes at most.
+# Query rows (draft rows x heads of one KV head) one program computes at most:
+# beyond these, sm_90 code spills registers (ptxas -v, BLOCK_N 32, 8 warps).
 _MAX_ROWS = 64
+_MAX_ROWS_WIDE = 32  # head dim 512
 
 
 @triton.jit
@@ -152,6 +154,18 @@ def _chain_grouped_stage2(
     tl.store(O + r * stride_out_t + h * stride_out_h + offs_dv, (acc / w_sum).to(O.dtype.element_ty), mask=dv_ok)
 
 
+def launch_config(N: int, G: int, block_d: int, block_dv: int):
+    """(query heads a program takes, BLOCK_M, BLOCK_N, num_warps) for stage 1.
+    BLOCK_N 32 and 8 warps: no register spills on sm_90 at head dims 256 / 512
+    for these row counts (64 keys a tile spill at both; ptxas -v)."""
+    wide = max(block_d, block_dv)
+    heads_per_prog = G
+    while N * heads_per_prog > (_MAX_ROWS_WIDE if wide >= 512 else _MAX_ROWS) and heads_per_prog % 2 == 0:
+        heads_per_prog //= 2
+    block_m = max(16, triton.next_power_of_2(N * heads_per_prog))
+    return heads_per_prog, block_m, 32, 8 if wide >= 256 else 4
+
+
 def chain_verify_grouped_fwd(
     q,
     k_buffer,
@@ -180,12 +194,8 @@ def chain_verify_grouped_fwd(
     B = T // N
     kv_heads, dv = k_buffer.shape[1], v_buffer.shape[-1]
     G = H // kv_heads
-    heads_per_prog = G
-    while N * heads_per_prog > _MAX_ROWS and heads_per_prog % 2 == 0:
-        heads_per_prog //= 2
     block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(dv)
-    block_m = max(16, triton.next_power_of_2(N * heads_per_prog))
-    block_n = 32 if max(block_d, block_dv) >= 512 else 64
+    heads_per_prog, block_m, block_n, num_warps = launch_config(N, G, block_d, block_dv)
     _chain_grouped_stage1[(B, kv_heads * (G // heads_per_prog), max_kv_splits)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse,
         sm_scale, logit_cap,
@@ -195,7 +205,7 @@ def chain_verify_grouped_fwd(
         attn_lse.stride(0), attn_lse.stride(1),
         N=N, G=G, HEADS_PER_PROG=heads_per_prog, WINDOW=window, D=D, DV=dv,
         BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=8 if block_m * max(block_d, block_dv) >= 64 * 256 else 4,
+        num_warps=num_warps,
         num_stages=2,
     )
     _chain_grouped_stage2[(T, H)](
