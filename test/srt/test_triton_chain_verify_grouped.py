@@ -126,3 +126,20 @@ def test_stage1_compiles_for_sm90_without_spills(D, N, G):
     """31B full (512, 8 heads a KV head), adaptive 8 draft tokens, E4B / 31B sliding."""
     spills = _compile_stage1(D, N, G)
     assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
+
+
+def test_grouped_refuses_what_it_does_not_handle():
+    """SGLANG_CHAIN_VERIFY_GROUPED=1 with attention sinks (or fp8 KV scales, a
+    score_mod, xai temperature) fails naming the cause and the fix."""
+    import types
+
+    from sglang.srt.layers.attention.triton_chain_verify import GROUPED_ENV, ChainVerify
+
+    cv = object.__new__(ChainVerify)
+    cv.backend, cv.grouped = None, True
+    layer = types.SimpleNamespace(xai_temperature_len=-1, k_scale=None)
+    with pytest.raises(NotImplementedError, match=f"{GROUPED_ENV}=1 does not handle attention sinks; unset it"):
+        cv.forward(None, None, None, layer, None, sinks=object())
+    layer.k_scale = 1.0
+    with pytest.raises(NotImplementedError, match="scaled \\(fp8\\) KV"):
+        cv.forward(None, None, None, layer, None)
