@@ -35,7 +35,7 @@
 #         read-done event), A/B: W1 serves with
 #         .device/overlay-base (main's overlay, no 0022-0024) copied over, W2 with this overlay:
 #         chat-80 and chat-c8, no speculation and MTP + adaptive
-#   G1/G2 grouped chain verify (patch 0024, SGLANG_CHAIN_VERIFY_GROUPED=1):
+#   G1/G2 grouped chain verify (patch 0025, SGLANG_CHAIN_VERIFY_GROUPED=1):
 #         kernel bench e4b/31b and E4B step times (G1); 31B step times, 220 vs 2048 (G2)
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
