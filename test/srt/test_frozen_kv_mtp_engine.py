@@ -117,3 +117,9 @@ def test_split_kv_verify_mtp_matches_hf(setup):
 
 def test_yoco_under_mtp_matches_hf(setup):
     assert mtp(setup, kv_sharing_fast_prefill=True) == setup[3]
+
+
+def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
+    """Patch 0025: the grouped kernel (keys read once a request) under MTP."""
+    monkeypatch.setenv("SGLANG_CHAIN_VERIFY_GROUPED", "1")  # read by the scheduler process
+    assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]
