@@ -37,6 +37,9 @@
 #         chat-80 and chat-c8, no speculation and MTP + adaptive
 #   G1/G2 grouped chain verify (patch 0025, SGLANG_CHAIN_VERIFY_GROUPED=1):
 #         kernel bench e4b/31b and E4B step times (G1); 31B step times, 220 vs 2048 (G2)
+#   WW/GG the same on the two-GPU kind, side by side: WW runs W1 (GPU 1, main's files in a
+#         second site dir) and W2 (GPU 0) at once, so both see the same host load; GG runs
+#         G1 (GPU 0) and G2 (GPU 1) at once
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
@@ -248,6 +251,34 @@ W2)
   grep -c translate_window_in_place /tmp/site/sglang/srt/layers/attention/triton_backend.py
   gpu 0 timeout 580 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_nosync --workloads chat,chat-c8 \
     --modes nospec,mtp-splitkv-mrr80-adaptive > $res/serve_nosync.log 2>&1
+  ;;
+WW)
+  # W1 and W2 at the same time, one GPU each: an A/B under the same host load
+  rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base
+  cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/
+  grep -c translate_window_in_place /tmp/site/sglang/srt/layers/attention/triton_backend.py \
+    /tmp/site-base/sglang/srt/layers/attention/triton_backend.py
+  ( gpu 0 timeout 565 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_nosync --workloads chat,chat-c8 \
+      --modes nospec,mtp-splitkv-mrr80-adaptive > $res/serve_nosync.log 2>&1 ) &
+  ( PYTHONPATH=/tmp/site-base gpu 1 timeout 565 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_base \
+      --workloads chat,chat-c8 --modes nospec,mtp-splitkv-mrr80-adaptive --port 33000 > $res/serve_base.log 2>&1 ) &
+  wait
+  ;;
+GG)
+  # G1 on GPU 0 and G2 on GPU 1 at once (kernel and step times; the 31B checkpoint needs the disk)
+  rm -rf /tmp/ckpt0 /tmp/ckpt1 /tmp/site-base
+  F=benchmark/frozen_kv_mtp
+  ( for s in e4b 31b; do
+      gpu 0 timeout 80 python3 $F/verify_kernel_bench.py $res/verify_kernel_grouped_$s.json --shape $s \
+        --batches 1,8 --contexts 220,1024,2460 > $res/verify_kernel_grouped_$s.log 2>&1
+    done
+    FKV_CKPT_DIR=/tmp/fkv0 gpu 0 timeout 390 python3 $F/profile_draft.py $res/draft_e4b_grouped --target e4b \
+      --batches 8 --contexts 220,2460 --modes mtp-splitkv,mtp-splitkv-grouped > $res/draft_e4b_grouped.log 2>&1 ) &
+  ( FKV_CKPT_DIR=/tmp/fkv1 gpu 1 timeout 560 python3 $F/profile_draft.py $res/draft_31b_grouped \
+      --target 31b --batches 8 --contexts 220,2048 --out-len 64 --repeats 1 --max-running-requests 8 \
+      --modes mtp-splitkv,mtp-splitkv-grouped > $res/draft_31b_grouped.log 2>&1 ) &
+  wait
+  grep -h RESULT $res/verify_kernel_grouped_*.log | cut -c1-400
   ;;
 T1)
   gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \
