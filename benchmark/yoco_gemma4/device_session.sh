@@ -280,6 +280,15 @@ GG)
   wait
   grep -h RESULT $res/verify_kernel_grouped_*.log | cut -c1-400
   ;;
+SG)
+  # E2B served in the released layout (S2) | greedy parity: extend verify vs grouped split-KV verify
+  ( gpu 0 timeout 420 python3 $B/run.py $res/serve_e2b_mm --variant e2b --skip-prefill --multimodal \
+      --modes off,on --workloads summ,chat > $res/serve_e2b_mm.log 2>&1 ) &
+  ( SGLANG_CHAIN_VERIFY_GROUPED=1 gpu 1 timeout 400 python3 $B/mtp_check.py $res/mtp_parity_grouped.json --yoco off \
+      --prompts 200 --max-len 4000 --b-extra '{"triton_attention_split_kv_verify": true}' \
+      > $res/mtp_parity_grouped.log 2>&1 ) &
+  wait
+  ;;
 T1)
   gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \
     --modes off,on-all,on-all-eager,ceiling --points 64x8,256x8,1024x8,2048x8 --repeats 5 --parity 48 \
