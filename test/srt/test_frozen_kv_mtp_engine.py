@@ -111,7 +111,9 @@ def test_adaptive_mtp_matches_hf_and_switches_steps(setup, capfd):
     assert "Switch adaptive runtime state: steps 0 -> 3" in log
 
 
-def test_split_kv_verify_mtp_matches_hf(setup):
+def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
+    """One decode row per draft token (the grouped kernel's fallback)."""
+    monkeypatch.setenv("SGLANG_CHAIN_VERIFY_GROUPED", "0")  # read by the scheduler process
     assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]
 
 
@@ -120,6 +122,6 @@ def test_yoco_under_mtp_matches_hf(setup):
 
 
 def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
-    """Patch 0025: the grouped kernel (keys read once a request) under MTP."""
-    monkeypatch.setenv("SGLANG_CHAIN_VERIFY_GROUPED", "1")  # read by the scheduler process
+    """Patch 0025: the grouped kernel (keys read once a request), the default."""
+    monkeypatch.delenv("SGLANG_CHAIN_VERIFY_GROUPED", raising=False)
     assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]

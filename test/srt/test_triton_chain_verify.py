@@ -91,6 +91,8 @@ def _check():
     be.init_forward_metadata(fb)
     stock = {w: attend(w) for w in (WINDOW, -1)}
     be.chain_verify = ChainVerify(be)
+    out["grouped_by_default"] = be.chain_verify.grouped
+    be.chain_verify.grouped = False  # one decode row per draft token (SGLANG_CHAIN_VERIFY_GROUPED=0)
     be.init_forward_metadata(fb)
     out["eager_is_decode_shaped"] = be.forward_metadata.qo_indptr is None
     chain = {w: attend(w) for w in (WINDOW, -1)}
@@ -130,10 +132,9 @@ def _check():
 
     compare(chain, "")
     out["splits"] = be.cuda_graph_num_kv_splits.tolist()
-    # Grouped (SGLANG_CHAIN_VERIFY_GROUPED=1): one key list a request, all draft
+    # Grouped (the default): one key list a request, all draft
     # rows of a request per key tile; eager and CUDA-graph metadata.
     be.chain_verify = ChainVerify(be)
-    be.chain_verify.grouped = True
     be.init_forward_metadata(fb)
     out["grouped_lists_per_request"] = (be.forward_metadata.kv_indptr.shape[0] == bs + 1
                                         and be.forward_metadata.window_kv_indptr.shape[0] == bs + 1)
@@ -152,6 +153,7 @@ def _check():
 def test_chain_verify_attends_like_the_extend_kernel():
     out = run_as_script(__file__)
     assert out["eager_is_decode_shaped"]
+    assert out["grouped_by_default"]
     assert out["grouped_lists_per_request"]
     # per-draft-token rows (""), and the grouped kernel (keys read once a request)
     for tag in ("", "_grouped"):

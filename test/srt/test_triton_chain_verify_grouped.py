@@ -128,9 +128,29 @@ def test_stage1_compiles_for_sm90_without_spills(D, N, G):
     assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
 
 
+def test_grouped_is_the_default_except_off_or_fp8(monkeypatch):
+    """Split-KV verify groups by default; SGLANG_CHAIN_VERIFY_GROUPED=0 or an fp8
+    KV cache (no KV scales in the grouped kernel) keeps one row per draft token."""
+    import types
+
+    import torch
+
+    from sglang.srt.layers.attention.triton_chain_verify import GROUPED_ENV, chain_verify_grouped
+
+    be = lambda dtype: types.SimpleNamespace(token_to_kv_pool=types.SimpleNamespace(dtype=dtype))
+    monkeypatch.delenv(GROUPED_ENV, raising=False)
+    assert chain_verify_grouped(be(torch.bfloat16))
+    assert not chain_verify_grouped(be(torch.float8_e4m3fn))
+    assert not chain_verify_grouped(be(torch.float8_e5m2))
+    monkeypatch.setenv(GROUPED_ENV, "0")
+    assert not chain_verify_grouped(be(torch.bfloat16))
+    monkeypatch.setenv(GROUPED_ENV, "1")
+    assert chain_verify_grouped(be(torch.bfloat16))
+
+
 def test_grouped_refuses_what_it_does_not_handle():
-    """SGLANG_CHAIN_VERIFY_GROUPED=1 with attention sinks (or fp8 KV scales, a
-    score_mod, xai temperature) fails naming the cause and the fix."""
+    """The grouped kernel with attention sinks (or fp8 KV scales, a score_mod,
+    xai temperature) fails naming the cause and the fix."""
     import types
 
     from sglang.srt.layers.attention.triton_chain_verify import GROUPED_ENV, ChainVerify
@@ -138,7 +158,7 @@ def test_grouped_refuses_what_it_does_not_handle():
     cv = object.__new__(ChainVerify)
     cv.backend, cv.grouped = None, True
     layer = types.SimpleNamespace(xai_temperature_len=-1, k_scale=None)
-    with pytest.raises(NotImplementedError, match=f"{GROUPED_ENV}=1 does not handle attention sinks; unset it"):
+    with pytest.raises(NotImplementedError, match=f"does not handle attention sinks; set {GROUPED_ENV}=0"):
         cv.forward(None, None, None, layer, None, sinks=object())
     layer.k_scale = 1.0
     with pytest.raises(NotImplementedError, match="scaled \\(fp8\\) KV"):
