@@ -18,11 +18,12 @@ kernel's. Off unless `--triton-attention-split-kv-verify`.
 By default the metadata holds one key list per request instead (its prefix and
 draft tokens; a sliding layer's union of the rows' windows, W + N keys) and
 `triton_chain_verify_grouped.py` computes all N draft rows of a request per key
-tile, reading the keys once a request instead of once a draft token: on an H200
-it is the faster of the two at every batch and context measured (run 16), and it
-keeps the 31B step's growth from 220 to 2048 keys at 1.09x (per draft token:
-1.25x). SGLANG_CHAIN_VERIFY_GROUPED=0 keeps one decode row per draft token, which
-an fp8 KV cache also gets (the grouped kernel applies no KV scales).
+tile, reading the keys once a request instead of once a draft token. On an H200
+(run 16) it is the faster of the two at 11 of 12 (shape, batch, context) points,
+up to 1.9x at batch 8, and the 31B step grows 1.09x from 220 to 2048 keys (per
+draft token: 1.25x); at E4B batch 1 with 220 keys it is 0.13 ms a verify slower.
+SGLANG_CHAIN_VERIFY_GROUPED=0 keeps one decode row per draft token, which an fp8
+KV cache also gets (the grouped kernel applies no KV scales).
 """
 
 import logging
