@@ -9,7 +9,9 @@ triton, radix cache off), `sglang.bench_serving` with random ids at fixed length
 MTP modes: E4B assistant drafter, steps 3, topk 1, 4 draft tokens,
 SGLANG_SIMULATE_ACC_LEN=2.1 (the original study's accept length); `mtp-splitkv` adds
 --triton-attention-split-kv-verify, `mtp-splitkv-mrr80` also --max-running-requests 80
-(FROZEN_KV_MTP's default is 48), `mtp-splitkv-mrr80-adaptive` also --speculative-adaptive.
+(FROZEN_KV_MTP's default is 48), `mtp-splitkv-mrr80-adaptive` also --speculative-adaptive,
+`mtp-splitkv-mrr80-adaptive1` the same with stock's adaptive config except 1 draft step,
+not 0, from batch 64 (OUT_DIR/adaptive1.json).
 YOCO is off throughout. Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
 """
@@ -35,7 +37,22 @@ MODE_FLAGS = {
     "mtp-splitkv-mrr80-adaptive": [
         "--triton-attention-split-kv-verify", "--max-running-requests", "80", "--speculative-adaptive",
     ],
+    "mtp-splitkv-mrr80-adaptive1": [
+        "--triton-attention-split-kv-verify", "--max-running-requests", "80", "--speculative-adaptive",
+    ],
 }
+
+
+def adaptive1_config(out_dir):
+    """Stock's adaptive config, but 1 draft step instead of 0 from batch 64."""
+    from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG
+
+    cfg = json.loads(json.dumps(DEFAULT_ADAPTIVE_CONFIG))
+    cfg["64"]["candidate_steps"] = [1]
+    path = os.path.join(out_dir, "adaptive1.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    return ["--speculative-adaptive-config", path]
 
 
 def main():
@@ -59,6 +76,8 @@ def main():
             env["SGLANG_SIMULATE_ACC_LEN"] = MTP_ACCEPT_LEN
         port = a.port + i
         cmd = _server_cmd(model, port, False, 1, None if mode == "nospec" else draft) + MODE_FLAGS[mode]
+        if mode.endswith("adaptive1"):
+            cmd += adaptive1_config(a.out)
         log(f"serve_mtp: starting server, mode {mode}")
         for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode):
             r.pop("ttfts_ms", None)

@@ -40,6 +40,8 @@
 #   WW/GG the same on the two-GPU kind, side by side: WW runs W1 (GPU 1, main's files in a
 #         second site dir) and W2 (GPU 0) at once, so both see the same host load; GG runs
 #         G1 (GPU 0) and G2 (GPU 1) at once
+#   UA FROZEN_KV_MTP adaptive with 1 draft step from batch 64 (serve_mtp mode
+#         mtp-splitkv-mrr80-adaptive1) against no speculation, chat-80, both orders, one per GPU
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
 #   bash benchmark/yoco_gemma4/device_session.sh C   # TP=2: parity and prefill timing
 #
@@ -287,6 +289,13 @@ SG)
   ( SGLANG_CHAIN_VERIFY_GROUPED=1 gpu 1 timeout 400 python3 $B/mtp_check.py $res/mtp_parity_grouped.json --yoco off \
       --prompts 200 --max-len 4000 --b-extra '{"triton_attention_split_kv_verify": true}' \
       > $res/mtp_parity_grouped.log 2>&1 ) &
+  wait
+  ;;
+UA)
+  ( gpu 0 timeout 560 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_a1_first_nospec --workloads chat \
+      --modes nospec,mtp-splitkv-mrr80-adaptive1 > $res/serve_a1_first_nospec.log 2>&1 ) &
+  ( gpu 1 timeout 560 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_a1_first_mtp --workloads chat \
+      --modes mtp-splitkv-mrr80-adaptive1,nospec --port 33000 > $res/serve_a1_first_mtp.log 2>&1 ) &
   wait
   ;;
 T1)
