@@ -393,3 +393,25 @@ def test_served_benchmark_server_flags(tmp_path, monkeypatch):
     assert "--kv-sharing-fast-prefill" in on
     assert flag(on, "--mm-attention-backend") == "triton_attn"
     assert "--disable-prefill-cuda-graph" not in on
+
+
+def test_serve_mtp_adaptive1_config(tmp_path):
+    """serve_mtp.py's mode mtp-splitkv-mrr80-adaptive1: stock's adaptive config with 1
+    draft step, not 0, from batch 64, in a file the server's own loader accepts."""
+    import json
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmark", "frozen_kv_mtp"))
+    import serve_mtp
+    from sglang.srt.speculative.adaptive_spec_params import (
+        DEFAULT_ADAPTIVE_CONFIG,
+        resolve_candidate_steps_from_config,
+    )
+
+    flags = serve_mtp.adaptive1_config(str(tmp_path))
+    assert flags[0] == "--speculative-adaptive-config"
+    cfg = json.loads(open(flags[1]).read())
+    assert cfg["64"]["candidate_steps"] == [1]
+    assert {k: v for k, v in cfg.items() if k != "64"} == {
+        k: v for k, v in DEFAULT_ADAPTIVE_CONFIG.items() if k != "64"}
+    assert resolve_candidate_steps_from_config(flags[1]) == [0, 1, 3, 7]
+    assert "--speculative-adaptive" in serve_mtp.MODE_FLAGS["mtp-splitkv-mrr80-adaptive1"]
