@@ -12,7 +12,8 @@ SGLANG_SIMULATE_ACC_LEN=2.1 (the original study's accept length); `mtp-splitkv` 
 (FROZEN_KV_MTP's default is 48), `mtp-splitkv-mrr80-adaptive` also --speculative-adaptive,
 `mtp-splitkv-mrr80-adaptive1` the same with stock's adaptive config except 1 draft step,
 not 0, from batch 64 (OUT_DIR/adaptive1.json).
-YOCO is off throughout. Writes OUT_DIR/serve_mtp.json
+YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
+warm-up; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
 """
 
@@ -63,6 +64,7 @@ def main():
     ap.add_argument("--workloads", default="chat",
                     help=f"of {', '.join(w[0] for w in WORKLOADS)}, chat-cN (N concurrent, as run.py's sweep)")
     ap.add_argument("--port", type=int, default=32000)
+    ap.add_argument("--no-warmup", action="store_true", help="measure each server's first pass over a workload")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model = make_checkpoint(f"{a.out}/ckpt-{a.variant}", a.variant)
@@ -79,7 +81,8 @@ def main():
         if mode.endswith("adaptive1"):
             cmd += adaptive1_config(a.out)
         log(f"serve_mtp: starting server, mode {mode}")
-        for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode):
+        for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode,
+                                 not a.no_warmup):
             r.pop("ttfts_ms", None)
             print("ROW " + json.dumps(r), flush=True)
             rows.append(r)

@@ -2,7 +2,7 @@
 
     python benchmark/yoco_gemma4/run.py OUTDIR [--variant e4b] [--quick]
         [--skip-prefill] [--skip-serving] [--tp 1] [--mtp] [--workloads summ,chat] [--port 30000]
-        [--multimodal] [--prefill-graph] [--modes off,on]
+        [--multimodal] [--prefill-graph] [--modes off,on] [--no-warmup]
     python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
 
 1. Prefill (engine level, prefill_bench.py): lengths 64 .. 32k at batch 1 and 8, YOCO
@@ -18,6 +18,11 @@
    --prefill-graph keeps SGLang's default prefill CUDA graph on both servers (the text-only
    layout captures one); YOCO on keeps it for passes below its min-tokens threshold.
    --modes on (or off) serves one side only, to complete a run that stopped part way.
+   Each server first serves every workload once unmeasured (WARMUP_PROMPTS prompts,
+   WARMUP_OUTPUT tokens each): a fresh server's first large prefill ran 3.7x slower than
+   a warm one's (run 16: chat's 80 prompts prefilled in 1.5 s as the first workload,
+   0.41 s after summ in run 13), which made the workload order decide chat's result.
+   --no-warmup measures the cold server, as runs before 17 did for the first workload.
 Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
 OUTDIR/speedup.png, OUTDIR/ttft.png (median TTFT per workload) and OUTDIR/ttft_cdf.png
 (TTFT distributions, off vs on). Progress lines go to stdout.
@@ -42,6 +47,9 @@ PREFILL_POINTS = [(L, n) for L in (64, 256, 1024, 2048, 4096, 8000, 16000, 32000
 WORKLOADS = [("summ", 8000, 1000, 80, None), ("chat", 1000, 1000, 80, None)]
 CONCURRENCY = (1, 8, 32, 80)
 MTP_ACCEPT_LEN = "2.1"
+# The unmeasured pass over each workload before the measured ones (serve_workloads).
+WARMUP_PROMPTS = 16
+WARMUP_OUTPUT = 16
 
 
 def concurrency_workloads():
@@ -123,7 +131,7 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl):
 
 
 def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, multimodal=False,
-                prefill_graph=False, modes=("off", "on")):
+                prefill_graph=False, modes=("off", "on"), warmup=True):
     model = make_checkpoint(f"{out}/ckpt-{variant}{'-mm' if multimodal else ''}", variant, multimodal)
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
     draft = None
@@ -146,16 +154,22 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
         port = port_base + (mode == "on")
         log(f"serving: starting server, YOCO {mode}{' with FROZEN_KV_MTP' if mtp else ''}")
         res += serve_workloads(_server_cmd(model, port, mode == "on", tp, draft, **extra), env, port, model,
-                               workloads, f"{out}/serving_{mode}.jsonl", f"YOCO {mode}", mode)
+                               workloads, f"{out}/serving_{mode}.jsonl", f"YOCO {mode}", mode, warmup)
     return res
 
 
-def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode):
-    """Start one server, run each workload against it in turn, stop it; rows tagged `mode`."""
+def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup=True):
+    """Start one server, run each workload against it in turn, stop it; rows tagged `mode`.
+    With `warmup`, every workload first runs once unmeasured, small (see the docstring)."""
     proc = subprocess.Popen(cmd, env=env)
     rows = []
     try:
         _wait_healthy(port, proc)
+        if warmup:
+            log(f"serving: {label}, warm-up ({WARMUP_PROMPTS} prompts of each workload, unmeasured)")
+            for name, inp, outp, n, conc in workloads:
+                _bench(model, port, name, inp, min(outp, WARMUP_OUTPUT), min(n, WARMUP_PROMPTS), conc,
+                       jsonl.replace(".jsonl", "_warmup.jsonl"))
         for name, inp, outp, n, conc in workloads:
             log(f"serving: {label}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
             r = _bench(model, port, name, inp, outp, n, conc, jsonl)
@@ -274,19 +288,20 @@ def main():
     ap.add_argument("--multimodal", action="store_true", help="serve the Gemma4ForConditionalGeneration layout")
     ap.add_argument("--prefill-graph", action="store_true", help="servers keep the default prefill CUDA graph")
     ap.add_argument("--modes", default="off,on", help="served YOCO modes: off,on | off | on")
+    ap.add_argument("--no-warmup", action="store_true", help="measure each server's first pass over a workload")
     a = ap.parse_args()
     if a.modes not in ("off,on", "off", "on"):
         ap.error(f"--modes must be off,on, off or on (got {a.modes!r})")
     os.makedirs(a.out, exist_ok=True)
     if not a.report_only:
         data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "multimodal": a.multimodal,
-                "prefill_graph": a.prefill_graph, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "prefill_graph": a.prefill_graph, "warmup": not a.no_warmup, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         if not a.skip_prefill:
             data["prefill"] = run_prefill(a.out, a.variant, a.quick, a.tp)
         if not a.skip_serving:
             only = [w for w in a.workloads.split(",") if w]
             data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp, a.mtp, only, a.port, a.multimodal,
-                                          a.prefill_graph, tuple(a.modes.split(",")))
+                                          a.prefill_graph, tuple(a.modes.split(",")), not a.no_warmup)
         with open(f"{a.out}/results.json", "w") as f:
             json.dump(data, f, indent=1)
     report(a.out)

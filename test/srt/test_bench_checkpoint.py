@@ -376,7 +376,8 @@ def test_served_benchmark_server_flags(tmp_path, monkeypatch):
 
     cmds = []
     monkeypatch.setattr(run, "make_checkpoint", lambda path, *a, **k: path)
-    monkeypatch.setattr(run, "serve_workloads", lambda cmd, *a, **k: cmds.append(cmd) or [])
+    warm = []
+    monkeypatch.setattr(run, "serve_workloads", lambda cmd, *a, **k: cmds.append(cmd) or warm.append(a[-1]) or [])
 
     def flag(cmd, name):
         return cmd[cmd.index(name) + 1] if name in cmd else None
@@ -393,6 +394,9 @@ def test_served_benchmark_server_flags(tmp_path, monkeypatch):
     assert "--kv-sharing-fast-prefill" in on
     assert flag(on, "--mm-attention-backend") == "triton_attn"
     assert "--disable-prefill-cuda-graph" not in on
+    assert warm == [True, True, True]  # every server warms up unless asked not to
+    run.run_serving(str(tmp_path), "e4b", quick=True, tp=1, only=["summ"], modes=("on",), warmup=False)
+    assert warm[-1] is False
 
 
 def test_serve_mtp_adaptive1_config(tmp_path):
@@ -415,3 +419,29 @@ def test_serve_mtp_adaptive1_config(tmp_path):
         k: v for k, v in DEFAULT_ADAPTIVE_CONFIG.items() if k != "64"}
     assert resolve_candidate_steps_from_config(flags[1]) == [0, 1, 3, 7]
     assert "--speculative-adaptive" in serve_mtp.MODE_FLAGS["mtp-splitkv-mrr80-adaptive1"]
+
+
+def test_served_benchmark_warms_each_workload_unmeasured(tmp_path, monkeypatch):
+    """serve_workloads runs every workload once, small and unmeasured, before the
+    measured passes (a fresh server's first large prefill is slower, run 16), and only the
+    measured passes become rows; warmup=False measures the first pass."""
+    import run
+
+    calls = []
+    monkeypatch.setattr(run.subprocess, "Popen", lambda *a, **k: type("P", (), {
+        "terminate": lambda self: None, "wait": lambda self, timeout=None: 0})())
+    monkeypatch.setattr(run, "_wait_healthy", lambda port, proc: None)
+    monkeypatch.setattr(run, "_bench", lambda model, port, name, inp, outp, n, conc, jsonl: calls.append(
+        (name, outp, n, os.path.basename(jsonl))) or {"workload": name})
+    workloads = [("summ", 8000, 1000, 80, None), ("chat-c8", 1000, 1000, 32, 8)]
+    rows = run.serve_workloads([], {}, 0, "m", workloads, str(tmp_path / "serving_on.jsonl"), "on", "on")
+    assert calls == [
+        ("summ", run.WARMUP_OUTPUT, run.WARMUP_PROMPTS, "serving_on_warmup.jsonl"),
+        ("chat-c8", run.WARMUP_OUTPUT, run.WARMUP_PROMPTS, "serving_on_warmup.jsonl"),
+        ("summ", 1000, 80, "serving_on.jsonl"),
+        ("chat-c8", 1000, 32, "serving_on.jsonl"),
+    ]
+    assert [r["workload"] for r in rows] == ["summ", "chat-c8"] and all(r["mode"] == "on" for r in rows)
+    calls.clear()
+    run.serve_workloads([], {}, 0, "m", workloads, str(tmp_path / "serving_on.jsonl"), "on", "on", warmup=False)
+    assert [c[3] for c in calls] == ["serving_on.jsonl"] * 2
