@@ -40,6 +40,7 @@
 #   WW/GG the same on the two-GPU kind, side by side: WW runs W1 (GPU 1, main's files in a
 #         second site dir) and W2 (GPU 0) at once, so both see the same host load; GG runs
 #         G1 (GPU 0) and G2 (GPU 1) at once
+#   Y1/Y2  served at TP=2 (both GPUs), E4B multimodal, summ and chat, YOCO off (Y1) / on (Y2)
 #   UA FROZEN_KV_MTP adaptive with 1 draft step from batch 64 (serve_mtp mode
 #         mtp-splitkv-mrr80-adaptive1) against no speculation, chat-80, both orders, one per GPU
 #   R  served chat-80 no-spec vs MTP + split-KV alone (FROZEN_KV_MTP); E2B fast path vs ceiling, profiled
@@ -297,6 +298,11 @@ UA)
   ( gpu 1 timeout 560 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_a1_first_mtp --workloads chat \
       --modes mtp-splitkv-mrr80-adaptive1,nospec --port 33000 > $res/serve_a1_first_mtp.log 2>&1 ) &
   wait
+  ;;
+Y1|Y2)
+  modes=$([ $stage = Y1 ] && echo off || echo on)
+  gpu 0,1 timeout 570 python3 $B/run.py $res/serve_e4b_mm_tp2_$modes --variant e4b --skip-prefill --multimodal \
+    --tp 2 --modes $modes --workloads summ,chat > $res/serve_e4b_mm_tp2_$modes.log 2>&1
   ;;
 T1)
   gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \
