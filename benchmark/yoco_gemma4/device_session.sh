@@ -40,6 +40,8 @@
 #   WW/GG the same on the two-GPU kind, side by side: WW runs W1 (GPU 1, main's files in a
 #         second site dir) and W2 (GPU 0) at once, so both see the same host load; GG runs
 #         G1 (GPU 0) and G2 (GPU 1) at once
+#   WP greedy outputs of two code versions at once: .device/overlay-base (GPU 1) against this
+#         overlay (GPU 0), mtp_check.py --yoco off on each, then compare_outputs.py
 #   Y1/Y2  served at TP=2 (both GPUs), E4B multimodal, summ and chat, YOCO off (Y1) / on (Y2)
 #   UA FROZEN_KV_MTP adaptive with 1 draft step from batch 64 (serve_mtp mode
 #         mtp-splitkv-mrr80-adaptive1) against no speculation, chat-80, both orders, one per GPU
@@ -303,6 +305,18 @@ Y1|Y2)
   modes=$([ $stage = Y1 ] && echo off || echo on)
   gpu 0,1 timeout 570 python3 $B/run.py $res/serve_e4b_mm_tp2_$modes --variant e4b --skip-prefill --multimodal \
     --tp 2 --modes $modes --workloads summ,chat > $res/serve_e4b_mm_tp2_$modes.log 2>&1
+  ;;
+WP)
+  rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base
+  cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/
+  ( gpu 0 timeout 540 python3 $B/mtp_check.py $res/mtp_new.json --yoco off --prompts 200 --max-len 4000 \
+      > $res/mtp_new.log 2>&1 ) &
+  ( PYTHONPATH=/tmp/site-base gpu 1 timeout 540 python3 $B/mtp_check.py $res/mtp_base.json --yoco off \
+      --prompts 200 --max-len 4000 > $res/mtp_base.log 2>&1 ) &
+  wait
+  for r in off on; do
+    python3 benchmark/frozen_kv_mtp/compare_outputs.py $res/mtp_base.json $res/mtp_new.json --run $r
+  done
   ;;
 T1)
   gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \

@@ -445,3 +445,29 @@ def test_served_benchmark_warms_each_workload_unmeasured(tmp_path, monkeypatch):
     calls.clear()
     run.serve_workloads([], {}, 0, "m", workloads, str(tmp_path / "serving_on.jsonl"), "on", "on", warmup=False)
     assert [c[3] for c in calls] == ["serving_on.jsonl"] * 2
+
+
+def test_compare_outputs_of_two_code_versions(tmp_path):
+    """compare_outputs.py: request-by-request identical ids and verify counts between two
+    mtp_check.py results, the first differing token of each mismatch, and a refusal
+    (exit 1) when the two were not made from the same prompts."""
+    import json
+    import subprocess
+
+    def result(ids, verify, prompts=3):
+        runs = [{"ids": i, "verify_ct": v, "accept_len": 1.0} for i, v in zip(ids, verify)]
+        summary = {"prompts": prompts, "prompt_len_min": 1, "prompt_len_max": 9}
+        return {"summary": summary, "off": runs, "on": runs}
+
+    script = os.path.join(ROOT, "benchmark", "frozen_kv_mtp", "compare_outputs.py")
+    base, new, other = tmp_path / "base.json", tmp_path / "new.json", tmp_path / "other.json"
+    base.write_text(json.dumps(result([[1, 2, 3], [4, 5], [6]], [2, 1, 1])))
+    new.write_text(json.dumps(result([[1, 2, 3], [4, 7], [6]], [2, 2, 1])))
+    other.write_text(json.dumps(result([[1, 2, 3], [4, 5], [6]], [2, 1, 1], prompts=4)))
+    proc = subprocess.run([sys.executable, script, str(base), str(new)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.split("SUMMARY ", 1)[1])
+    assert out["identical_ids"] == 2 and out["identical_verify_steps"] == 2
+    assert out["first_differing_token"] == [1] and out["same_prompts"]
+    proc = subprocess.run([sys.executable, script, str(base), str(other)], capture_output=True, text=True)
+    assert proc.returncode == 1
