@@ -5,7 +5,7 @@
 
 One server per mode, one after the other on the same GPU, the YOCO benchmark's
 checkpoint and engine settings (benchmark/yoco_gemma4/run.py: seeded weights at scale,
-triton, radix cache off), `sglang.bench_serving` with random ids at fixed lengths, seed 0.
+triton, the server's default radix cache), `sglang.bench_serving` with random ids at fixed lengths, seed 0.
 MTP modes: E4B assistant drafter, steps 3, topk 1, 4 draft tokens,
 SGLANG_SIMULATE_ACC_LEN=2.1 (the original study's accept length); `mtp-splitkv` adds
 --triton-attention-split-kv-verify, `mtp-splitkv-mrr80` also --max-running-requests 80

@@ -112,13 +112,13 @@ def _wait_healthy(port, proc, timeout=900):
     raise RuntimeError("server did not become healthy")
 
 
-def _bench(model, port, name, inp, outp, prompts, conc, jsonl):
+def _bench(model, port, name, inp, outp, prompts, conc, jsonl, seed=0):
     cmd = [
         sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
         "--host", "127.0.0.1", "--port", str(port), "--model", model, "--tokenizer", model,
         "--dataset-name", "random-ids", "--random-input-len", str(inp),
         "--random-output-len", str(outp), "--random-range-ratio", "1.0",
-        "--num-prompts", str(prompts), "--seed", "0", "--output-file", jsonl, "--output-details",
+        "--num-prompts", str(prompts), "--seed", str(seed), "--output-file", jsonl, "--output-details",
     ] + (["--max-concurrency", str(conc)] if conc else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(jsonl) as f:
@@ -168,8 +168,9 @@ def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup
         if warmup:
             log(f"serving: {label}, warm-up ({WARMUP_PROMPTS} prompts of each workload, unmeasured)")
             for name, inp, outp, n, conc in workloads:
+                # Another seed: other prompts, so the radix cache holds none of the measured ones.
                 _bench(model, port, name, inp, min(outp, WARMUP_OUTPUT), min(n, WARMUP_PROMPTS), conc,
-                       jsonl.replace(".jsonl", "_warmup.jsonl"))
+                       jsonl.replace(".jsonl", "_warmup.jsonl"), seed=1)
         for name, inp, outp, n, conc in workloads:
             log(f"serving: {label}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
             r = _bench(model, port, name, inp, outp, n, conc, jsonl)

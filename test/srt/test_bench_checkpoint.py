@@ -422,24 +422,27 @@ def test_serve_mtp_adaptive1_config(tmp_path):
 
 
 def test_served_benchmark_warms_each_workload_unmeasured(tmp_path, monkeypatch):
-    """serve_workloads runs every workload once, small and unmeasured, before the
-    measured passes (a fresh server's first large prefill is slower, run 16), and only the
-    measured passes become rows; warmup=False measures the first pass."""
+    """serve_workloads runs every workload once, small, unmeasured and with other prompts
+    (another seed), before the measured passes (a fresh server's first large prefill is
+    slower, run 16); only the measured passes become rows; warmup=False measures the
+    first pass."""
     import run
 
     calls = []
     monkeypatch.setattr(run.subprocess, "Popen", lambda *a, **k: type("P", (), {
         "terminate": lambda self: None, "wait": lambda self, timeout=None: 0})())
     monkeypatch.setattr(run, "_wait_healthy", lambda port, proc: None)
-    monkeypatch.setattr(run, "_bench", lambda model, port, name, inp, outp, n, conc, jsonl: calls.append(
-        (name, outp, n, os.path.basename(jsonl))) or {"workload": name})
+    monkeypatch.setattr(run, "_bench", lambda model, port, name, inp, outp, n, conc, jsonl, seed=0: calls.append(
+        (name, outp, n, os.path.basename(jsonl), seed)) or {"workload": name})
     workloads = [("summ", 8000, 1000, 80, None), ("chat-c8", 1000, 1000, 32, 8)]
     rows = run.serve_workloads([], {}, 0, "m", workloads, str(tmp_path / "serving_on.jsonl"), "on", "on")
+    # the warm-up's prompts come from another seed: none of them is in the radix cache
+    # when the measured pass starts
     assert calls == [
-        ("summ", run.WARMUP_OUTPUT, run.WARMUP_PROMPTS, "serving_on_warmup.jsonl"),
-        ("chat-c8", run.WARMUP_OUTPUT, run.WARMUP_PROMPTS, "serving_on_warmup.jsonl"),
-        ("summ", 1000, 80, "serving_on.jsonl"),
-        ("chat-c8", 1000, 32, "serving_on.jsonl"),
+        ("summ", run.WARMUP_OUTPUT, run.WARMUP_PROMPTS, "serving_on_warmup.jsonl", 1),
+        ("chat-c8", run.WARMUP_OUTPUT, run.WARMUP_PROMPTS, "serving_on_warmup.jsonl", 1),
+        ("summ", 1000, 80, "serving_on.jsonl", 0),
+        ("chat-c8", 1000, 32, "serving_on.jsonl", 0),
     ]
     assert [r["workload"] for r in rows] == ["summ", "chat-c8"] and all(r["mode"] == "on" for r in rows)
     calls.clear()
