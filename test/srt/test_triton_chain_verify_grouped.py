@@ -6,7 +6,7 @@ Against a plain torch reference: draft row t of a request with a list of L keys 
 list positions [max(0, hi - window), hi), hi = L - (N - 1 - t). Cases: full layers
 (prefix + draft tokens, one list shorter than a split), sliding layers (union windows of
 window + N - 1 keys, and a request shorter than the window), more rows than one program
-takes (head chunks), a tanh logit cap, fp16, and uneven split counts. Control: the
+takes (head chunks), a tanh logit cap, attention sinks, fp16, and uneven split counts. Control: the
 reference with a window one key wider is far from the kernel's output, so an off-by-one
 in the rows' bounds would show.
 """
@@ -15,7 +15,7 @@ import pytest
 from triton_interpret import print_result, run_as_script
 
 
-def _reference(q, kb, vb, indptr, idx, N, window, scale, cap=0.0):
+def _reference(q, kb, vb, indptr, idx, N, window, scale, cap=0.0, sinks=None):
     import torch
 
     T, H, _ = q.shape
@@ -30,11 +30,15 @@ def _reference(q, kb, vb, indptr, idx, N, window, scale, cap=0.0):
                 sc = (q[b * N + t, h].float() @ kb[keys, h // G].float().T) * scale
                 if cap:
                     sc = cap * torch.tanh(sc / cap)
-                out[b * N + t, h] = torch.softmax(sc, 0) @ vb[keys, h // G].float()
+                if sinks is None:
+                    p = torch.softmax(sc, 0)
+                else:  # one more logit in the denominator, with no value
+                    p = torch.softmax(torch.cat([sc, sinks[h].float().view(1)]), 0)[:-1]
+                out[b * N + t, h] = p @ vb[keys, h // G].float()
     return out
 
 
-def _case(B, N, H, Hkv, D, Dv, lens, window, splits, dtype="float32", cap=0.0, control=False):
+def _case(B, N, H, Hkv, D, Dv, lens, window, splits, dtype="float32", cap=0.0, control=False, sinks=False):
     import torch
 
     from sglang.srt.layers.attention.triton_chain_verify_grouped import chain_verify_grouped_fwd
@@ -49,14 +53,19 @@ def _case(B, N, H, Hkv, D, Dv, lens, window, splits, dtype="float32", cap=0.0, c
     indptr[1:] = torch.cumsum(torch.tensor(lens), 0)
     idx = torch.randperm(pool, generator=g)[: sum(lens)].to(torch.int64)
     o = torch.empty(B * N, H, Dv, dtype=dtype)
+    # sinks about as large as the scores, so that they move the output
+    sink = torch.randn(H, generator=g) * 2 if sinks else None
     # NaN scratch: a split must never read what stage 1 did not write
     logits = torch.full((B * N, H, S, Dv), float("nan"))
     lse = torch.full((B * N, H, S), float("nan"))
     chain_verify_grouped_fwd(q, kb, vb, o, indptr, idx, N, window, logits, lse,
-                             torch.tensor(splits, dtype=torch.int32), S, D**-0.5, cap)
+                             torch.tensor(splits, dtype=torch.int32), S, D**-0.5, cap, sink)
     ref_window = window + 1 if control else window
-    ref = _reference(q, kb, vb, indptr, idx, N, ref_window, D**-0.5, cap)
-    return (o.float() - ref).abs().max().item()
+    ref = _reference(q, kb, vb, indptr, idx, N, ref_window, D**-0.5, cap, sink)
+    out = (o.float() - ref).abs().max().item()
+    if sinks:  # and the control: the same without the sinks is far off
+        return out, (o.float() - _reference(q, kb, vb, indptr, idx, N, ref_window, D**-0.5, cap)).abs().max().item()
+    return out
 
 
 def _check():
@@ -65,6 +74,7 @@ def _check():
         "sliding": _case(4, 4, 4, 2, 16, 16, [4, 40, 43, 43], 40, [2, 8, 5, 1]),
         "head_chunks": _case(2, 8, 16, 1, 16, 16, [20, 50], 0, [4, 2]),
         "logit_cap": _case(2, 3, 4, 4, 16, 32, [9, 33], 0, [3, 2], cap=5.0),
+        "sinks": _case(3, 4, 8, 2, 16, 16, [3, 40, 43], 40, [1, 4, 8], sinks=True),
         "fp16": _case(2, 4, 8, 2, 32, 32, [17, 66], 0, [2, 4], dtype="float16"),
         "control_window_plus_1": _case(2, 4, 4, 2, 16, 16, [43, 43], 40, [2, 3], control=True),
     }
@@ -75,6 +85,8 @@ def test_grouped_chain_verify_matches_reference():
     for name in ("full", "sliding", "head_chunks", "logit_cap"):
         assert out[name] < 1e-5, (name, out[name])
     assert out["fp16"] < 2e-3
+    sinks, without = out["sinks"]
+    assert sinks < 1e-5 and without > 1e-2, out["sinks"]
     assert out["control_window_plus_1"] > 1e-2
 
 
@@ -87,7 +99,8 @@ if __name__ == "__main__":
 # kernels for sm_90 here (no GPU needed) at the real shapes, and read ptxas's spills.
 
 
-def _compile_stage1(D, N, G):
+def _ptxas_spills(fn, sig, const, num_warps, num_stages):
+    """Compile `fn` for sm_90 (no GPU needed), run ptxas -v on it, return its spill lines."""
     import glob
     import os
     import subprocess
@@ -97,20 +110,10 @@ def _compile_stage1(D, N, G):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from sglang.srt.layers.attention import triton_chain_verify_grouped as m
-
-    hpp, block_m, block_n, num_warps = m.launch_config(N, G, D, D)  # what the wrapper launches
-    const = dict(N=N, G=G, HEADS_PER_PROG=hpp, WINDOW=0, D=D, DV=D, BLOCK_D=D, BLOCK_DV=D,
-                 BLOCK_M=block_m, BLOCK_N=block_n)
-    sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "kv_indptr": "*i32", "kv_indices": "*i64",
-           "num_kv_splits": "*i32", "Att_Out": "*fp32", "Att_Lse": "*fp32", "sm_scale": "fp32",
-           "logit_cap": "fp32"}
-    sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
-                                   "stride_vh", "stride_ot", "stride_oh", "stride_os", "stride_lt",
-                                   "stride_lh")})
-    sig.update({k: "constexpr" for k in const})
-    kernel = triton.compile(ASTSource(fn=m._chain_grouped_stage1, signature=sig, constexprs=const),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
+    sig = {**sig, **{k: "constexpr" for k in const}}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
     ptxas = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas*"))
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(kernel.asm["ptx"])
@@ -119,6 +122,38 @@ def _compile_stage1(D, N, G):
     os.unlink(f.name)
     assert out.returncode == 0, out.stderr[-2000:]
     return [l for l in out.stderr.splitlines() if "spill stores" in l]
+
+
+def _strides(*names):
+    return {n: "i32" for n in names}
+
+
+def _compile_stage1(D, N, G):
+    from sglang.srt.layers.attention import triton_chain_verify_grouped as m
+
+    hpp, block_m, block_n, num_warps = m.launch_config(N, G, D, D)  # what the wrapper launches
+    const = dict(N=N, G=G, HEADS_PER_PROG=hpp, WINDOW=0, D=D, DV=D, BLOCK_D=D, BLOCK_DV=D,
+                 BLOCK_M=block_m, BLOCK_N=block_n)
+    sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "kv_indptr": "*i32", "kv_indices": "*i64",
+           "num_kv_splits": "*i32", "Att_Out": "*fp32", "Att_Lse": "*fp32", "sm_scale": "fp32",
+           "logit_cap": "fp32",
+           **_strides("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
+                      "stride_ot", "stride_oh", "stride_os", "stride_lt", "stride_lh")}
+    return _ptxas_spills(m._chain_grouped_stage1, sig, const, num_warps, 2)
+
+
+@pytest.mark.parametrize("has_sink", [False, True])
+def test_stage2_compiles_for_sm90(has_sink):
+    """The split combine, with and without attention sinks, as the wrapper launches it."""
+    from sglang.srt.layers.attention import triton_chain_verify_grouped as m
+
+    const = dict(N=4, WINDOW=1024, DV=512, BLOCK_DV=512, MAX_SPLITS=16, HAS_SINK=has_sink)
+    sig = {"Att_Out": "*fp32", "Att_Lse": "*fp32", "O": "*bf16", "kv_indptr": "*i32",
+           "num_kv_splits": "*i32", "Sinks": "*bf16" if has_sink else "*fp32",
+           **_strides("stride_ot", "stride_oh", "stride_os", "stride_lt", "stride_lh",
+                      "stride_out_t", "stride_out_h")}
+    spills = _ptxas_spills(m._chain_grouped_stage2, sig, const, 4, 3)
+    assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
 
 
 @pytest.mark.parametrize("D, N, G", [(512, 4, 8), (512, 8, 8), (256, 4, 4), (256, 4, 2)])
@@ -149,8 +184,8 @@ def test_grouped_is_the_default_except_off_or_fp8(monkeypatch):
 
 
 def test_grouped_refuses_what_it_does_not_handle():
-    """The grouped kernel with attention sinks (or fp8 KV scales, a score_mod,
-    xai temperature) fails naming the cause and the fix."""
+    """The grouped kernel with a score_mod (or fp8 KV scales, xai temperature) fails
+    naming the cause and the fix."""
     import types
 
     from sglang.srt.layers.attention.triton_chain_verify import GROUPED_ENV, ChainVerify
@@ -158,8 +193,8 @@ def test_grouped_refuses_what_it_does_not_handle():
     cv = object.__new__(ChainVerify)
     cv.backend, cv.grouped = None, True
     layer = types.SimpleNamespace(xai_temperature_len=-1, k_scale=None)
-    with pytest.raises(NotImplementedError, match=f"does not handle attention sinks; set {GROUPED_ENV}=0"):
-        cv.forward(None, None, None, layer, None, sinks=object())
+    with pytest.raises(NotImplementedError, match=f"does not handle score_mod; set {GROUPED_ENV}=0"):
+        cv.forward(None, None, None, layer, None, score_mod=object())
     layer.k_scale = 1.0
     with pytest.raises(NotImplementedError, match="scaled \\(fp8\\) KV"):
         cv.forward(None, None, None, layer, None)

@@ -201,7 +201,7 @@ class ChainVerify:
             return be.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False,
                                      sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
         unsupported = [name for name, on in (
-            ("attention sinks", sinks is not None), ("score_mod", score_mod is not None),
+            ("score_mod", score_mod is not None),
             ("xai temperature", (layer.xai_temperature_len or -1) > 0),
             ("scaled (fp8) KV", layer.k_scale is not None)) if on]
         if unsupported:
@@ -231,6 +231,7 @@ class ChainVerify:
             be.max_kv_splits,
             layer.scaling,
             layer.logit_cap or 0.0,
+            sinks,
         )
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 

@@ -127,10 +127,10 @@ def _chain_grouped_stage1(
 
 @triton.jit
 def _chain_grouped_stage2(
-    Att_Out, Att_Lse, O, kv_indptr, num_kv_splits,
+    Att_Out, Att_Lse, O, kv_indptr, num_kv_splits, Sinks,
     stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_out_t, stride_out_h,
     N: tl.constexpr, WINDOW: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-    MAX_SPLITS: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, HAS_SINK: tl.constexpr,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -151,6 +151,10 @@ def _chain_grouped_stage2(
             acc = acc * scale + w * part
             w_sum = w_sum * scale + w
             m = m_new
+    if HAS_SINK:
+        # An attention sink: one more logit per head in the denominator, no value
+        # (as triton's decode kernel adds it).
+        w_sum += tl.exp(tl.load(Sinks + h).to(tl.float32) - m)
     tl.store(O + r * stride_out_t + h * stride_out_h + offs_dv, (acc / w_sum).to(O.dtype.element_ty), mask=dv_ok)
 
 
@@ -181,12 +185,14 @@ def chain_verify_grouped_fwd(
     max_kv_splits: int,
     sm_scale: float,
     logit_cap: float = 0.0,
+    sinks=None,
 ):
     """Attention of B x N chain-verify rows, q [B*N, H, D] -> o [B*N, H, Dv].
 
     kv_indptr [B + 1] / kv_indices: one key list per request (see the module
     docstring); window: keys a row sees in a sliding layer (0: all of its prefix);
-    num_kv_splits [B]: splits per request, at most max_kv_splits; attn_logits
+    num_kv_splits [B]: splits per request, at most max_kv_splits; sinks [H] or None:
+    one extra logit per query head in each row's softmax denominator; attn_logits
     [B*N, H, >= max_kv_splits, Dv] / attn_lse [B*N, H, >= max_kv_splits]: scratch.
     """
     T, H, D = q.shape
@@ -209,9 +215,9 @@ def chain_verify_grouped_fwd(
         num_stages=2,
     )
     _chain_grouped_stage2[(T, H)](
-        attn_logits, attn_lse, o, kv_indptr, num_kv_splits,
+        attn_logits, attn_lse, o, kv_indptr, num_kv_splits, attn_lse if sinks is None else sinks,
         attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse.stride(0), attn_lse.stride(1), o.stride(0), o.stride(1),
         N=N, WINDOW=window, DV=dv, BLOCK_DV=block_dv, MAX_SPLITS=max_kv_splits,
-        num_warps=4,
+        HAS_SINK=sinks is not None, num_warps=4,
     )
