@@ -139,6 +139,23 @@ def _check():
     out["grouped_lists_per_request"] = (be.forward_metadata.kv_indptr.shape[0] == bs + 1
                                         and be.forward_metadata.window_kv_indptr.shape[0] == bs + 1)
     grouped = {w: attend(w) for w in (WINDOW, -1)}
+    # A layer the grouped kernel does not handle (xai temperature), eager: that layer
+    # alone runs one decode row per draft token, and the grouped metadata stays.
+    def attend_xai(window):
+        layer = _layer(window)
+        layer.xai_temperature_len = 4
+        return be.forward_extend(q, k_new, v_new, layer, fb).clone()
+
+    grouped_md = be.forward_metadata
+    fallback = {w: attend_xai(w) for w in (WINDOW, -1)}
+    out["fallback_keeps_grouped_metadata"] = be.forward_metadata is grouped_md
+    be.chain_verify.grouped = False
+    be.init_forward_metadata(fb)
+    per_row_xai = {w: attend_xai(w) for w in (WINDOW, -1)}
+    out["fallback_equals_per_row"] = all(torch.equal(fallback[w], per_row_xai[w]) for w in (WINDOW, -1))
+    out["xai_changes_output"] = (per_row_xai[-1] - chain[-1]).abs().max().item()
+    be.chain_verify = ChainVerify(be)
+    be.init_forward_metadata(fb)
     be.chain_verify.init_cuda_graph_state(m)
     compare(grouped, "_grouped")
     # Control: a window one key narrower (what triton's decode metadata keeps)
@@ -155,6 +172,8 @@ def test_chain_verify_attends_like_the_extend_kernel():
     assert out["eager_is_decode_shaped"]
     assert out["grouped_by_default"]
     assert out["grouped_lists_per_request"]
+    assert out["fallback_keeps_grouped_metadata"] and out["fallback_equals_per_row"]
+    assert out["xai_changes_output"] > 1e-3, out["xai_changes_output"]
     # per-draft-token rows (""), and the grouped kernel (keys read once a request)
     for tag in ("", "_grouped"):
         for kind in ("full", "sliding"):

@@ -183,12 +183,18 @@ def test_grouped_is_the_default_except_off_or_fp8(monkeypatch):
     assert chain_verify_grouped(be(torch.bfloat16))
 
 
-def test_grouped_refuses_what_it_does_not_handle():
-    """The grouped kernel with a score_mod (or fp8 KV scales, xai temperature) fails
-    naming the cause and the fix."""
+def test_grouped_refuses_in_graph_capture_what_it_does_not_handle(monkeypatch):
+    """Captured at start-up, the grouped kernel with a score_mod (or fp8 KV scales, xai
+    temperature) fails naming the cause and the fix (eager, it falls back to one row per
+    draft token: test_triton_chain_verify.py)."""
     import types
 
+    import torch
+
     from sglang.srt.layers.attention.triton_chain_verify import GROUPED_ENV, ChainVerify
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
 
     cv = object.__new__(ChainVerify)
     cv.backend, cv.grouped = None, True

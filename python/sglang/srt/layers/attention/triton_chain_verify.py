@@ -23,9 +23,12 @@ tile, reading the keys once a request instead of once a draft token. On an H200
 up to 1.9x at batch 8, and the 31B step grows 1.09x from 220 to 2048 keys (per
 draft token: 1.25x); at E4B batch 1 with 220 keys it is 0.13 ms a verify slower.
 SGLANG_CHAIN_VERIFY_GROUPED=0 keeps one decode row per draft token, which an fp8
-KV cache also gets (the grouped kernel applies no KV scales).
+KV cache also gets (the grouped kernel applies no KV scales). A layer with a
+score_mod or xai temperature runs one row per draft token when eager, and stops
+CUDA-graph capture (start-up) with an error naming that variable.
 """
 
+import dataclasses
 import logging
 import os
 
@@ -205,10 +208,14 @@ class ChainVerify:
             ("xai temperature", (layer.xai_temperature_len or -1) > 0),
             ("scaled (fp8) KV", layer.k_scale is not None)) if on]
         if unsupported:
-            raise NotImplementedError(
-                f"the grouped chain verify does not handle {', '.join(unsupported)}; "
-                f"set {GROUPED_ENV}=0 for the per-draft-token kernel, which does"
-            )
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                # At start-up: per-row metadata cannot be built inside a graph.
+                raise NotImplementedError(
+                    f"the grouped chain verify does not handle {', '.join(unsupported)}; "
+                    f"set {GROUPED_ENV}=0 for the per-draft-token kernel, which does"
+                )
+            return self._forward_per_row(q, k, v, layer, forward_batch, sinks=sinks,
+                                         score_mod=score_mod, aux_tensors=aux_tensors)
         md = be.forward_metadata
         sliding = layer.sliding_window_size is not None and layer.sliding_window_size > -1
         attn_logits = md.attn_logits
@@ -234,6 +241,23 @@ class ChainVerify:
             sinks,
         )
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    _EAGER_FIELDS = ("kv_indptr", "kv_indices", "window_kv_indptr", "window_kv_indices", "num_kv_splits",
+                     "window_num_kv_splits", "attn_logits", "attn_lse", "swa_attn_logits")
+
+    def _forward_per_row(self, q, k, v, layer, forward_batch, **kwargs):
+        """Eager fallback for a layer the grouped kernel does not handle: this
+        layer's verify as one decode row per draft token, on metadata built for it."""
+        be = self.backend
+        grouped_md = be.forward_metadata
+        self.grouped = False
+        try:
+            per_row = dict(zip(self._EAGER_FIELDS, self.eager_fields(forward_batch)))
+            be.forward_metadata = dataclasses.replace(grouped_md, **per_row)
+            return be.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False, **kwargs)
+        finally:
+            self.grouped = True
+            be.forward_metadata = grouped_md
 
     # --- shared -------------------------------------------------------------------
     def _lists(self, seq_lens, req_pool_indices, n):
