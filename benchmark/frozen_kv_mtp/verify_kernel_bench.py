@@ -17,6 +17,8 @@ prefix. This times, per layer kind (sliding / full) and per (batch, context):
   (`layers/attention/triton_chain_verify_grouped.py`): the same B*N rows, but one program
   computes all N draft rows of a request against each key tile, so the keys are read once
   a request, not once a draft token.
+  `--grouped-alt h1,s16` adds launch alternatives of it to tune small batches: `hK` takes
+  at most K query heads a program (more programs, keys read more often), `sK` K splits.
 Each is captured in a CUDA graph and replayed (no launch overhead), median of --iters.
 `step_ms` sums a variant over the model's layers (sliding x n_sliding + full x n_full);
 the max abs difference against `extend` checks that the variants compute the same thing.
@@ -67,7 +69,7 @@ def problem(B, L, N, h, hkv, d, window, dev, gen, dtype):
                 req_indptr=torch.arange(B + 1, **i32) * (P + N), req_indices=req_ids.to(torch.int64))
 
 
-def variants(p, splits):
+def variants(p, splits, grouped_alt=()):
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
     from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
@@ -76,12 +78,16 @@ def variants(p, splits):
     d, dv = p["q"].shape[-1], p["vbuf"].shape[-1]
     sm = d ** -0.5
     out = {k: torch.zeros(p["q"].shape[0], p["q"].shape[1], dv, dtype=p["q"].dtype, device=p["q"].device)
-           for k in ("extend", "splitkv", "decode", "grouped")}
+           for k in ("extend", "splitkv", "decode", "grouped") + tuple(f"grouped_{x}" for x in grouped_alt)}
     extend_args = (p["q"], p["k_new"], p["v_new"])
     common = (p["kbuf"], p["vbuf"], p["qo_indptr"], p["kv_indptr"], p["kv_indices"], p["mask"], True,
               p["mask_indptr"], p["N"], 1.0, 1.0, sm)
-    logits = torch.empty(p["q"].shape[0], p["q"].shape[1], splits, dv, dtype=torch.float32, device=p["q"].device)
-    lse = torch.empty(p["q"].shape[0], p["q"].shape[1], splits, dtype=torch.float32, device=p["q"].device)
+    def scratch(n_split):
+        shape = (p["q"].shape[0], p["q"].shape[1], n_split)
+        return (torch.empty(*shape, dv, dtype=torch.float32, device=p["q"].device),
+                torch.empty(*shape, dtype=torch.float32, device=p["q"].device))
+
+    logits, lse = scratch(splits)
     nsplit = torch.full((p["q"].shape[0],), splits, dtype=torch.int32, device=p["q"].device)
     req_nsplit = torch.full((p["B"],), splits, dtype=torch.int32, device=p["q"].device)
 
@@ -101,7 +107,34 @@ def variants(p, splits):
         chain_verify_grouped_fwd(p["q"], p["kbuf"], p["vbuf"], out["grouped"], p["req_indptr"],
                                  p["req_indices"], p["N"], 0, logits, lse, req_nsplit, splits, sm)
 
-    return {"extend": extend, "splitkv": splitkv, "decode": decode, "grouped": grouped}, out
+    def grouped_alt_fn(alt):
+        import sglang.srt.layers.attention.triton_chain_verify_grouped as m
+
+        heads = int(alt[1:]) if alt[0] == "h" else None
+        n_split = int(alt[1:]) if alt[0] == "s" else splits
+        alt_nsplit = torch.full((p["B"],), n_split, dtype=torch.int32, device=p["q"].device)
+        alt_logits, alt_lse = scratch(n_split)
+
+        def run():
+            stock = m.launch_config
+
+            def capped(N, G, block_d, block_dv):
+                hpp, _, block_n, warps = stock(N, G, block_d, block_dv)
+                hpp = min(hpp, heads) if heads else hpp
+                return hpp, max(16, 1 << (N * hpp - 1).bit_length()), block_n, warps
+
+            m.launch_config = capped
+            try:
+                m.chain_verify_grouped_fwd(p["q"], p["kbuf"], p["vbuf"], out[f"grouped_{alt}"], p["req_indptr"],
+                                           p["req_indices"], p["N"], 0, alt_logits, alt_lse, alt_nsplit, n_split, sm)
+            finally:
+                m.launch_config = stock
+
+        return run
+
+    fns = {"extend": extend, "splitkv": splitkv, "decode": decode, "grouped": grouped}
+    fns.update({f"grouped_{x}": grouped_alt_fn(x) for x in grouped_alt})
+    return fns, out
 
 
 def zero_stock_splitkv_partials():
@@ -150,6 +183,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-graph", action="store_true", help="time eager launches (also: CPU interpreter)")
+    ap.add_argument("--grouped-alt", default="", help="e.g. h1,h2,s16: grouped-kernel launch alternatives")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     s = SHAPES[a.shape]
@@ -160,7 +194,8 @@ def main():
             for kind, (hkv, d, n, window) in (("sliding", s["swa"]), ("full", s["full"] + (0,))):
                 gen = torch.Generator().manual_seed(B * 100003 + L)
                 p = problem(B, L, a.draft, s["h"], hkv, d, window, dev, gen, getattr(torch, a.dtype))
-                fns, out = variants(p, a.splits)
+                alt = tuple(x for x in a.grouped_alt.split(",") if x)
+                fns, out = variants(p, a.splits, alt)
                 for name, fn in fns.items():
                     if name == "splitkv" and not fn():
                         raise SystemExit("verify_splitkv_fwd declined the problem")
@@ -173,7 +208,7 @@ def main():
                     if name != "extend":
                         rec[f"{kind}_{name}_maxdiff"] = (out[name].float() - out["extend"].float()).abs().max().item()
                 rec[f"{kind}_layers"] = n
-            for name in ("extend", "splitkv", "decode", "grouped"):
+            for name in fns:
                 if dev == "cuda":
                     rec[f"step_{name}_ms"] = (rec[f"sliding_{name}_ms"] * s["swa"][2]
                                               + rec[f"full_{name}_ms"] * s["full"][2])

@@ -42,6 +42,7 @@
 #         G1 (GPU 0) and G2 (GPU 1) at once
 #   WP greedy outputs of two code versions at once: .device/overlay-base (GPU 1) against this
 #         overlay (GPU 0), mtp_check.py --yoco off on each, then compare_outputs.py
+#   GT grouped-verify launch alternatives at small batches (verify_kernel_bench --grouped-alt)
 #   Y1/Y2  served at TP=2 (both GPUs), E4B multimodal, summ and chat, YOCO off (Y1) / on (Y2)
 #   UA FROZEN_KV_MTP adaptive with 1 draft step from batch 64 (serve_mtp mode
 #         mtp-splitkv-mrr80-adaptive1) against no speculation, chat-80, both orders, one per GPU
@@ -317,6 +318,13 @@ WP)
   for r in off on; do
     python3 benchmark/frozen_kv_mtp/compare_outputs.py $res/mtp_base.json $res/mtp_new.json --run $r
   done
+  ;;
+GT)
+  for s in e4b 31b; do
+    gpu 0 timeout 120 python3 benchmark/frozen_kv_mtp/verify_kernel_bench.py $res/verify_kernel_alt_$s.json \
+      --shape $s --batches 1,2,4,8 --contexts 220,1024 --grouped-alt h1,h2,s16 > $res/verify_kernel_alt_$s.log 2>&1
+  done
+  grep -h RESULT $res/verify_kernel_alt_*.log | cut -c1-400
   ;;
 T1)
   gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e2b_graph.json --variant e2b \

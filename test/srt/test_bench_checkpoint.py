@@ -350,22 +350,25 @@ def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
     """verify_kernel_bench.py (FROZEN_KV_MTP verify attention: extend kernel vs split-KV
     variants) on its tiny shape under Triton's interpreter: one row per point, and the
     split-KV, decode-row and grouped (keys read once a request) variants compute the
-    extend kernel's attention."""
+    extend kernel's attention, and so do the grouped kernel's launch alternatives
+    (one query head a program; 16 splits)."""
     import json
     import subprocess
 
     out = tmp_path / "vk.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmark", "frozen_kv_mtp", "verify_kernel_bench.py"),
-         str(out), "--shape", "tiny", "--batches", "2", "--contexts", "5,20", "--dtype", "float32"],
+         str(out), "--shape", "tiny", "--batches", "2", "--contexts", "5,20", "--dtype", "float32",
+         "--grouped-alt", "h1,s16"],
         env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["results"]
     assert [(r["batch"], r["context"]) for r in rows] == [(2, 5), (2, 20)]
     diffs = [v for r in rows for k, v in r.items() if k.endswith("_maxdiff")]
-    assert len(diffs) == 12 and max(diffs) < 1e-5
-    assert all(f"{kind}_grouped_maxdiff" in r for r in rows for kind in ("sliding", "full"))
+    assert len(diffs) == 20 and max(diffs) < 1e-5
+    assert all(f"{kind}_{v}_maxdiff" in r for r in rows for kind in ("sliding", "full")
+               for v in ("grouped", "grouped_h1", "grouped_s16"))
 
 
 def test_served_benchmark_server_flags(tmp_path, monkeypatch):
