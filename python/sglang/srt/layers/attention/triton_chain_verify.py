@@ -19,9 +19,11 @@ By default the metadata holds one key list per request instead (its prefix and
 draft tokens; a sliding layer's union of the rows' windows, W + N keys) and
 `triton_chain_verify_grouped.py` computes all N draft rows of a request per key
 tile, reading the keys once a request instead of once a draft token. On an H200
-(run 16) it is the faster of the two at 11 of 12 (shape, batch, context) points,
-up to 1.9x at batch 8, and the 31B step grows 1.09x from 220 to 2048 keys (per
-draft token: 1.25x); at E4B batch 1 with 220 keys it is 0.13 ms a verify slower.
+it is up to 1.9x faster at batch 8, and the 31B step grows 1.09x from 220 to 2048
+keys (per draft token: 1.25x, run 16). Alone on the machine (run 17) it was the
+faster of the two at all 12 (shape, batch 1/2/8, 220/1024 keys) points; run 16's
+one slower point (E4B, batch 1, 220 keys), timed beside a job on the other GPU,
+read 1.31x faster there.
 SGLANG_CHAIN_VERIFY_GROUPED=0 keeps one decode row per draft token, which an fp8
 KV cache also gets (the grouped kernel applies no KV scales). A layer with a
 score_mod or xai temperature runs one row per draft token when eager, and stops
