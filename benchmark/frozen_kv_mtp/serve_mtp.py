@@ -38,10 +38,9 @@ MODE_FLAGS = {
     "mtp-splitkv-mrr80-adaptive": [
         "--triton-attention-split-kv-verify", "--max-running-requests", "80", "--speculative-adaptive",
     ],
-    "mtp-splitkv-mrr80-adaptive1": [
-        "--triton-attention-split-kv-verify", "--max-running-requests", "80", "--speculative-adaptive",
-    ],
 }
+# the same flags; its adaptive config file is added in main()
+MODE_FLAGS["mtp-splitkv-mrr80-adaptive1"] = MODE_FLAGS["mtp-splitkv-mrr80-adaptive"]
 
 
 def adaptive1_config(out_dir):
