@@ -41,8 +41,10 @@
 #         second site dir) and W2 (GPU 0) at once, so both see the same host load; GG runs
 #         G1 (GPU 0) and G2 (GPU 1) at once
 #   WP greedy outputs of two code versions at once: .device/overlay-base (GPU 1) against this
-#         overlay (GPU 0), mtp_check.py --yoco off on each, then compare_outputs.py
+#         overlay (GPU 0), mtp_check.py --yoco off on each (run A extend verify, run B split-KV
+#         verify one row per draft token), then compare_outputs.py
 #   GT grouped-verify launch alternatives at small batches (verify_kernel_bench --grouped-alt)
+#   UB UA's first order alone (GPU 0) | 31B step times with the grouped verify at 220 and 2460 keys (GPU 1)
 #   Y1/Y2  served at TP=2 (both GPUs), E4B multimodal, summ and chat, YOCO off (Y1) / on (Y2)
 #   UA FROZEN_KV_MTP adaptive with 1 draft step from batch 64 (serve_mtp mode
 #         mtp-splitkv-mrr80-adaptive1) against no speculation, chat-80, both orders, one per GPU
@@ -302,6 +304,16 @@ UA)
       --modes mtp-splitkv-mrr80-adaptive1,nospec --port 33000 > $res/serve_a1_first_mtp.log 2>&1 ) &
   wait
   ;;
+UB)
+  # UA's first order alone (GPU 0) | 31B grouped verify, batch 8, 220 vs 2460 keys (GPU 1)
+  rm -rf /tmp/ckpt1 /tmp/site-base /tmp/res-Y1 /tmp/res-Y2   # disk for the 31B checkpoint
+  ( gpu 0 timeout 560 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_a1 --workloads chat \
+      --modes nospec,mtp-splitkv-mrr80-adaptive1 > $res/serve_a1.log 2>&1 ) &
+  ( FKV_CKPT_DIR=/tmp/fkv1 gpu 1 timeout 560 python3 benchmark/frozen_kv_mtp/profile_draft.py $res/draft_31b_2460 \
+      --target 31b --batches 8 --contexts 220,2460 --out-len 64 --repeats 1 --max-running-requests 8 \
+      --modes mtp-splitkv-grouped,mtp-splitkv > $res/draft_31b_2460.log 2>&1 ) &
+  wait
+  ;;
 Y1|Y2)
   modes=$([ $stage = Y1 ] && echo off || echo on)
   gpu 0,1 timeout 570 python3 $B/run.py $res/serve_e4b_mm_tp2_$modes --variant e4b --skip-prefill --multimodal \
@@ -310,10 +322,14 @@ Y1|Y2)
 WP)
   rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base
   cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/
+  # run A: extend verify (0022, 0024); run B: split-KV verify one row per draft token (0022-0024),
+  # on both sides: the grouped kernel (0025) is not in the base
+  export SGLANG_CHAIN_VERIFY_GROUPED=0
+  kv='{"triton_attention_split_kv_verify": true}'
   ( gpu 0 timeout 540 python3 $B/mtp_check.py $res/mtp_new.json --yoco off --prompts 200 --max-len 4000 \
-      > $res/mtp_new.log 2>&1 ) &
+      --b-extra "$kv" > $res/mtp_new.log 2>&1 ) &
   ( PYTHONPATH=/tmp/site-base gpu 1 timeout 540 python3 $B/mtp_check.py $res/mtp_base.json --yoco off \
-      --prompts 200 --max-len 4000 > $res/mtp_base.log 2>&1 ) &
+      --prompts 200 --max-len 4000 --b-extra "$kv" > $res/mtp_base.log 2>&1 ) &
   wait
   for r in off on; do
     python3 benchmark/frozen_kv_mtp/compare_outputs.py $res/mtp_base.json $res/mtp_new.json --run $r
