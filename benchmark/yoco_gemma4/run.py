@@ -4,6 +4,7 @@
         [--skip-prefill] [--skip-serving] [--tp 1] [--mtp] [--workloads summ,chat] [--port 30000]
         [--multimodal] [--prefill-graph] [--modes off,on] [--no-warmup]
     python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
+    python benchmark/yoco_gemma4/run.py OUTDIR --merge OFFDIR,ONDIR   # one table from two --modes runs
 
 1. Prefill (engine level, prefill_bench.py): lengths 64 .. 32k at batch 1 and 8, YOCO
    off, on, and the ceiling (the model cut to its first KV-shared layer, no sharing).
@@ -17,7 +18,8 @@
    and audio towers, make_checkpoint.py --multimodal) instead of the text-only one.
    --prefill-graph keeps SGLang's default prefill CUDA graph on both servers (the text-only
    layout captures one); YOCO on keeps it for passes below its min-tokens threshold.
-   --modes on (or off) serves one side only, to complete a run that stopped part way.
+   --modes on (or off) serves one side only, to complete a run that stopped part way, or
+   when one side fills a device call (TP=2: stages Y1/Y2); --merge joins the two sides.
    Each server first serves every workload once unmeasured (WARMUP_PROMPTS prompts,
    WARMUP_OUTPUT tokens each): a fresh server's first large prefill ran 3.7x slower than
    a warm one's (run 16: chat's 80 prompts prefilled in 1.5 s as the first workload,
@@ -192,7 +194,8 @@ def report(out):
     mtp = " under FROZEN_KV_MTP, accept length " + MTP_ACCEPT_LEN if data.get("mtp") else ""
     layout = ", Gemma4ForConditionalGeneration" if data.get("multimodal") else ""
     graph = ", default prefill CUDA graph" if data.get("prefill_graph") else ""
-    lines = [f"# YOCO off vs on ({data['variant']}{layout}{mtp}{graph}, TP={data.get('tp', 1)}, one run)", ""]
+    runs = f"{len(data['merged_from'])} runs merged" if data.get("merged_from") else "one run"
+    lines = [f"# YOCO off vs on ({data['variant']}{layout}{mtp}{graph}, TP={data.get('tp', 1)}, {runs})", ""]
     pre = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in data.get("prefill", [])}
     if pre:
         lines += ["| input x batch | off (ms) | on (ms) | ceiling (ms) | speed-up | ceiling | share |",
@@ -274,6 +277,35 @@ def _plots(out, pre, srv):
         fig.savefig(f"{out}/ttft.png", dpi=120)
 
 
+def merge(out, dirs):
+    """One results.json from runs that each served some of the modes (--modes off, then
+    --modes on in another device call). They must describe the same setup and not serve
+    the same mode and workload twice."""
+    parts = []
+    for d in dirs:
+        with open(f"{d}/results.json") as f:
+            parts.append(json.load(f))
+    setup = ("variant", "tp", "mtp", "multimodal", "prefill_graph", "warmup")
+    for d, p in zip(dirs[1:], parts[1:]):
+        diff = [k for k in setup if p.get(k) != parts[0].get(k)]
+        if diff:
+            raise SystemExit(f"--merge: {d} differs from {dirs[0]} in {', '.join(diff)}; "
+                             "merge only runs of the same setup")
+    data = {k: parts[0].get(k) for k in setup}
+    data["merged_from"] = [{"dir": d, "started": p.get("started")} for d, p in zip(dirs, parts)]
+    for key, ident in (("prefill", ("mode", "len", "batch")), ("serving", ("mode", "workload"))):
+        rows = [r for p in parts for r in p.get(key, [])]
+        seen = [tuple(r[k] for k in ident) for r in rows]
+        dup = sorted({x for x in seen if seen.count(x) > 1})
+        if dup:
+            raise SystemExit(f"--merge: {key} rows {dup} appear in more than one run; "
+                             "merge runs that each served other modes")
+        if rows:
+            data[key] = rows
+    with open(f"{out}/results.json", "w") as f:
+        json.dump(data, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -290,11 +322,14 @@ def main():
     ap.add_argument("--prefill-graph", action="store_true", help="servers keep the default prefill CUDA graph")
     ap.add_argument("--modes", default="off,on", help="served YOCO modes: off,on | off | on")
     ap.add_argument("--no-warmup", action="store_true", help="measure each server's first pass over a workload")
+    ap.add_argument("--merge", default="", help="comma list of OUTDIRs of runs with other --modes: report them as one")
     a = ap.parse_args()
     if a.modes not in ("off,on", "off", "on"):
         ap.error(f"--modes must be off,on, off or on (got {a.modes!r})")
     os.makedirs(a.out, exist_ok=True)
-    if not a.report_only:
+    if a.merge:
+        merge(a.out, [d for d in a.merge.split(",") if d])
+    elif not a.report_only:
         data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "multimodal": a.multimodal,
                 "prefill_graph": a.prefill_graph, "warmup": not a.no_warmup, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         if not a.skip_prefill:

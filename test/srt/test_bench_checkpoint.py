@@ -477,3 +477,38 @@ def test_compare_outputs_of_two_code_versions(tmp_path):
     assert out["first_differing_token"] == [1] and out["same_prompts"]
     proc = subprocess.run([sys.executable, script, str(base), str(other)], capture_output=True, text=True)
     assert proc.returncode == 1
+
+
+def test_served_benchmark_merges_one_sided_runs(tmp_path, capsys):
+    """run.py --merge: the off side and the on side served in two calls (TP=2 fills a
+    call per side) become one table with the change column; runs of another setup, or
+    serving the same mode twice, are refused with the reason."""
+    import json
+
+    import run
+
+    def side(name, mode, tp=2, tok_s=100.0):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"workload": "chat", "mode": mode, "output_throughput": tok_s, "median_ttft_ms": 10.0,
+                 "p99_ttft_ms": 20.0, "median_tpot_ms": 5.0}]
+        (d / "results.json").write_text(json.dumps({
+            "variant": "e4b", "tp": tp, "mtp": False, "multimodal": True, "prefill_graph": False,
+            "warmup": True, "started": name, "serving": rows}))
+        return str(d)
+
+    off, on = side("off", "off"), side("on", "on", tok_s=110.0)
+    out = tmp_path / "merged"
+    out.mkdir()
+    run.merge(str(out), [off, on])
+    run.report(str(out))
+    data = json.loads((out / "results.json").read_text())
+    assert [r["mode"] for r in data["serving"]] == ["off", "on"] and data["tp"] == 2
+    assert [m["started"] for m in data["merged_from"]] == ["off", "on"]
+    table = (out / "results.md").read_text()
+    assert "| chat | output_throughput | 100.0 | 110.0 | +10.0% |" in table and "2 runs merged" in table
+
+    with pytest.raises(SystemExit, match="differs .* in tp"):
+        run.merge(str(out), [off, side("on_tp1", "on", tp=1)])
+    with pytest.raises(SystemExit, match=r"\('off', 'chat'\).*more than one run"):
+        run.merge(str(out), [off, side("off2", "off")])
