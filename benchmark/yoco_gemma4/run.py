@@ -2,7 +2,7 @@
 
     python benchmark/yoco_gemma4/run.py OUTDIR [--variant e4b] [--quick]
         [--skip-prefill] [--skip-serving] [--tp 1] [--mtp] [--workloads summ,chat] [--port 30000]
-        [--multimodal] [--prefill-graph] [--modes off,on] [--no-warmup]
+        [--multimodal] [--prefill-graph] [--modes off,on] [--no-warmup] [--server-extra JSON]
     python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
     python benchmark/yoco_gemma4/run.py OUTDIR --merge OFFDIR,ONDIR   # one table from two --modes runs
 
@@ -89,8 +89,8 @@ def run_prefill(out, variant, quick, tp):
 
 def _server_cmd(model, port, yoco, tp, draft=None, **extra):
     """The engine settings of the prefill benchmark (plus `extra` engine kwargs), as server flags."""
-    kw = engine_kwargs(skip_tokenizer_init=False, tp_size=tp, log_level="warning", **(mtp_kwargs(draft) if draft else {}),
-                       **extra)
+    kw = engine_kwargs(**{"skip_tokenizer_init": False, "tp_size": tp, "log_level": "warning",
+                          **(mtp_kwargs(draft) if draft else {}), **extra})
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port)]
     for k, v in kw.items():
         if v is False or v is None:
@@ -133,7 +133,7 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl, seed=0):
 
 
 def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, multimodal=False,
-                prefill_graph=False, modes=("off", "on"), warmup=True):
+                prefill_graph=False, modes=("off", "on"), warmup=True, server_extra=None):
     model = make_checkpoint(f"{out}/ckpt-{variant}{'-mm' if multimodal else ''}", variant, multimodal)
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
     draft = None
@@ -151,6 +151,7 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
         # The server's warm-up runs the vision tower; on SM90 its default attention is
         # FA3 from sgl_kernel, which the device wheel packs lack (run 12).
         extra["mm_attention_backend"] = "triton_attn"
+    extra.update(server_extra or {})
     res = []
     for mode in modes:
         port = port_base + (mode == "on")
@@ -285,7 +286,9 @@ def merge(out, dirs):
     for d in dirs:
         with open(f"{d}/results.json") as f:
             parts.append(json.load(f))
-    setup = ("variant", "tp", "mtp", "multimodal", "prefill_graph", "warmup")
+    setup = ("variant", "tp", "mtp", "multimodal", "prefill_graph", "warmup", "server_extra")
+    for p in parts:
+        p.setdefault("server_extra", {})  # results written before --server-extra existed
     for d, p in zip(dirs[1:], parts[1:]):
         diff = [k for k in setup if p.get(k) != parts[0].get(k)]
         if diff:
@@ -322,6 +325,8 @@ def main():
     ap.add_argument("--prefill-graph", action="store_true", help="servers keep the default prefill CUDA graph")
     ap.add_argument("--modes", default="off,on", help="served YOCO modes: off,on | off | on")
     ap.add_argument("--no-warmup", action="store_true", help="measure each server's first pass over a workload")
+    ap.add_argument("--server-extra", default="{}",
+                    help="JSON of server args for both sides, e.g. '{\"log_level\": \"info\"}' to log each batch")
     ap.add_argument("--merge", default="", help="comma list of OUTDIRs of runs with other --modes: report them as one")
     a = ap.parse_args()
     if a.modes not in ("off,on", "off", "on"):
@@ -331,13 +336,15 @@ def main():
         merge(a.out, [d for d in a.merge.split(",") if d])
     elif not a.report_only:
         data = {"variant": a.variant, "tp": a.tp, "mtp": a.mtp, "multimodal": a.multimodal,
-                "prefill_graph": a.prefill_graph, "warmup": not a.no_warmup, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "prefill_graph": a.prefill_graph, "warmup": not a.no_warmup, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "server_extra": json.loads(a.server_extra)}
         if not a.skip_prefill:
             data["prefill"] = run_prefill(a.out, a.variant, a.quick, a.tp)
         if not a.skip_serving:
             only = [w for w in a.workloads.split(",") if w]
             data["serving"] = run_serving(a.out, a.variant, a.quick, a.tp, a.mtp, only, a.port, a.multimodal,
-                                          a.prefill_graph, tuple(a.modes.split(",")), not a.no_warmup)
+                                          a.prefill_graph, tuple(a.modes.split(",")), not a.no_warmup,
+                                          json.loads(a.server_extra))
         with open(f"{a.out}/results.json", "w") as f:
             json.dump(data, f, indent=1)
     report(a.out)

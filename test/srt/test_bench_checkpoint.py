@@ -400,6 +400,10 @@ def test_served_benchmark_server_flags(tmp_path, monkeypatch):
     assert warm == [True, True, True]  # every server warms up unless asked not to
     run.run_serving(str(tmp_path), "e4b", quick=True, tp=1, only=["summ"], modes=("on",), warmup=False)
     assert warm[-1] is False
+    assert flag(cmds[-1], "--log-level") == "warning"
+    run.run_serving(str(tmp_path), "e4b", quick=True, tp=2, only=["summ"], modes=("off",),
+                    server_extra={"log_level": "info"})
+    assert flag(cmds[-1], "--log-level") == "info" and flag(cmds[-1], "--tp-size") == "2"
 
 
 def test_serve_mtp_adaptive1_config(tmp_path):
@@ -508,6 +512,11 @@ def test_served_benchmark_merges_one_sided_runs(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "| chat | output_throughput | 100.0 | 110.0 | +10.0% |" in table and "2 runs merged" in table
 
+    with pytest.raises(SystemExit, match="differs .* in server_extra"):
+        d = side("on_info", "on")
+        data = json.loads(open(f"{d}/results.json").read())
+        open(f"{d}/results.json", "w").write(json.dumps({**data, "server_extra": {"log_level": "info"}}))
+        run.merge(str(out), [off, d])
     with pytest.raises(SystemExit, match="differs .* in tp"):
         run.merge(str(out), [off, side("on_tp1", "on", tp=1)])
     with pytest.raises(SystemExit, match=r"\('off', 'chat'\).*more than one run"):
