@@ -377,10 +377,19 @@ def test_start_up_captures_nothing_when_the_new_backend_differs(monkeypatch):
     assert runner.model.language_model.fast_prefill_graphs is None
 
 
+def _eager_runner():
+    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+
+    return object.__new__(EagerRunner)
+
+
 @pytest.mark.parametrize(
     "configured, prefill_graph, captured, want",
     [
         (None, None, True, 0),  # unset, no prefill graph: every pass (patch 0019)
+        # what 0.5.17 leaves there when the prefill graph is disabled (the multimodal
+        # layout's default, or --disable-prefill-cuda-graph): no graph either
+        (None, "eager-runner", True, 0),
         (None, "prefill-graph", True, None),  # the graph replays passes < 4096
         (4096, None, True, 4096),  # set explicitly: kept
         (0, "prefill-graph", True, 0),
@@ -394,6 +403,8 @@ def test_unset_min_tokens_becomes_0_with_graphs_and_no_prefill_graph(
     _fake_cuda_capture(monkeypatch)
     skip = None if captured else "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
     monkeypatch.setattr(kg, "back_half_graph_skip_reason", lambda runner, text: skip)
+    if prefill_graph == "eager-runner":
+        prefill_graph = _eager_runner()
     runner, _ = _start_up_runner(15, 6, min_tokens=configured, prefill_graph=prefill_graph)
     graphs = kg.capture_back_half_graphs(runner)
     assert (graphs is not None) == captured

@@ -251,7 +251,12 @@ def resolve_default_min_tokens(model_runner, text_model) -> None:
     launches gone, short passes pay too: E2B 64 x 8 ran 1.84x (run 14)."""
     if text_model.fast_prefill_min_tokens is not None:
         return
-    if model_runner.prefill_cuda_graph_runner is not None:
+    # With the prefill graph disabled, 0.5.17 routes prefill through an
+    # EagerRunner rather than leaving the slot None (capture_prefill_graph).
+    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+
+    runner = model_runner.prefill_cuda_graph_runner
+    if runner is not None and not isinstance(runner, EagerRunner):
         return
     text_model.fast_prefill_min_tokens = 0
     logger.info(
