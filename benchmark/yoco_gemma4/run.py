@@ -21,10 +21,13 @@
    --modes on (or off) serves one side only, to complete a run that stopped part way, or
    when one side fills a device call (TP=2: stages Y1/Y2); --merge joins the two sides.
    Each server first serves every workload once unmeasured (WARMUP_PROMPTS prompts,
-   WARMUP_OUTPUT tokens each): a fresh server's first large prefill ran 3.7x slower than
-   a warm one's (run 16: chat's 80 prompts prefilled in 1.5 s as the first workload,
-   0.41 s after summ in run 13), which made the workload order decide chat's result.
-   --no-warmup measures the cold server, as runs before 17 did for the first workload.
+   WARMUP_OUTPUT tokens each, another seed), so no measured pass is a fresh server's
+   first at its shapes. --no-warmup measures the cold server, as runs before 17 did.
+   Every pass starts from an empty prefix cache (bench_serving --flush-cache). Runs
+   before session 18 served chat after summ with the radix cache holding chat's prompts
+   (one seed makes each chat prompt the start of a summ prompt): chat's 80 prompts took
+   0.41 s to prefill there (run 13) against 1.5 s uncached (run 16), so those chat
+   numbers compared decode, not prefill.
 Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
 OUTDIR/speedup.png, OUTDIR/ttft.png (median TTFT per workload) and OUTDIR/ttft_cdf.png
 (TTFT distributions, off vs on). Progress lines go to stdout.
@@ -121,6 +124,12 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl, seed=0):
         "--dataset-name", "random-ids", "--random-input-len", str(inp),
         "--random-output-len", str(outp), "--random-range-ratio", "1.0",
         "--num-prompts", str(prompts), "--seed", str(seed), "--output-file", jsonl, "--output-details",
+        # An empty prefix cache for every pass: one seed gives every workload the same
+        # prompts' beginnings (chat prompt i is summ prompt i's first 1000 tokens), so a
+        # pass after another one, or after bench_serving's own warm-up request, hit the
+        # radix cache and prefilled almost nothing (chat after summ: 80 x 1000 tokens in
+        # 0.41 s, run 13; 1.5 s uncached, run 16).
+        "--flush-cache",
     ] + (["--max-concurrency", str(conc)] if conc else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(jsonl) as f:

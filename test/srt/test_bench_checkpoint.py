@@ -430,9 +430,8 @@ def test_serve_mtp_adaptive1_config(tmp_path):
 
 def test_served_benchmark_warms_each_workload_unmeasured(tmp_path, monkeypatch):
     """serve_workloads runs every workload once, small, unmeasured and with other prompts
-    (another seed), before the measured passes (a fresh server's first large prefill is
-    slower, run 16); only the measured passes become rows; warmup=False measures the
-    first pass."""
+    (another seed), before the measured passes; only the measured passes become rows;
+    warmup=False measures the first pass."""
     import run
 
     calls = []
@@ -521,3 +520,41 @@ def test_served_benchmark_merges_one_sided_runs(tmp_path, capsys):
         run.merge(str(out), [off, side("on_tp1", "on", tp=1)])
     with pytest.raises(SystemExit, match=r"\('off', 'chat'\).*more than one run"):
         run.merge(str(out), [off, side("off2", "off")])
+
+
+def test_served_benchmark_passes_start_from_an_empty_prefix_cache(tmp_path, monkeypatch):
+    """Every bench_serving pass flushes the server's prefix cache first: with one seed,
+    chat prompt i is the start of summ prompt i (checked here on sglang's own random-ids
+    sampler), so without the flush a chat pass after summ prefilled almost nothing."""
+    import json
+    import random
+
+    import numpy as np
+    import run
+    from sglang.benchmark.datasets.random import sample_random_requests
+
+    class Tok:
+        vocab_size = 1000
+
+        def num_special_tokens_to_add(self):
+            return 0
+
+    def prompts(input_len, seed):
+        random.seed(seed)
+        np.random.seed(seed)
+        rows = sample_random_requests(input_len, 16, 8, 1.0, Tok(), "", random_sample=False, return_text=False)
+        return [r.prompt for r in rows]
+
+    summ, chat = prompts(80, 0), prompts(10, 0)
+    assert all(s[:10] == c for s, c in zip(summ, chat))  # why the flush is needed
+
+    cmds = []
+    jsonl = tmp_path / "s.jsonl"
+
+    def fake_run(cmd, check, stdout):
+        cmds.append(cmd)
+        jsonl.write_text(json.dumps({"output_throughput": 1.0, "ttfts": [0.1], "completed": 1}) + "\n")
+
+    monkeypatch.setattr(run.subprocess, "run", fake_run)
+    row = run._bench("m", 0, "chat", 10, 16, 8, None, str(jsonl))
+    assert "--flush-cache" in cmds[0] and row["completed"] == 1
