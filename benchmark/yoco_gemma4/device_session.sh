@@ -45,6 +45,9 @@
 #         verify one row per draft token), then compare_outputs.py
 #   GT grouped-verify launch alternatives at small batches (verify_kernel_bench --grouped-alt)
 #   UB UA's first order alone (GPU 0) | 31B step times with the grouped verify at 220 and 2460 keys (GPU 1)
+#   D4/D2  E4B / E2B multimodal, uncached chat, chat-c1, chat-c8, off (GPU 0) and on (GPU 1) at
+#          once, min-tokens unset: the start-up default as it works since 6ee0f71 (server log at info)
+#   Z1/Z2  uncached chat at TP=2, E4B multimodal, off (Z1) / on (Z2); then run.py --merge here
 #   Y1/Y2  served at TP=2 (both GPUs), E4B multimodal, summ and chat, YOCO off (Y1) / on (Y2)
 #   UA FROZEN_KV_MTP adaptive with 1 draft step from batch 64 (serve_mtp mode
 #         mtp-splitkv-mrr80-adaptive1) against no speculation, chat-80, both orders, one per GPU
@@ -313,6 +316,25 @@ UB)
       --target 31b --batches 8 --contexts 220,2460 --out-len 64 --repeats 1 --max-running-requests 8 \
       --modes mtp-splitkv-grouped,mtp-splitkv > $res/draft_31b_2460.log 2>&1 ) &
   wait
+  ;;
+D4|D2)
+  # uncached chat, c1, c8 with min-tokens unset (0 since 6ee0f71): off on GPU 0, on on GPU 1 at once
+  v=$([ $stage = D4 ] && echo e4b || echo e2b)
+  for m in off on; do
+    g=$([ $m = off ] && echo 0 || echo 1)
+    ( gpu $g timeout 560 python3 $B/run.py $res/serve_${v}_mm_$m --variant $v --skip-prefill --multimodal \
+        --modes $m --port $((31000 + 10 * g)) --workloads chat,chat-c1,chat-c8 \
+        --server-extra '{"log_level": "info"}' > $res/serve_${v}_mm_$m.log 2>&1 ) &
+  done
+  wait
+  grep -h "every prefill pass takes the fast path" $res/*.log | head -2
+  python3 $B/run.py $res/merged --merge $res/serve_${v}_mm_off,$res/serve_${v}_mm_on > /dev/null
+  ;;
+Z1|Z2)
+  # uncached chat at TP=2 (both GPUs), one side per call: Z1 off, Z2 on
+  modes=$([ $stage = Z1 ] && echo off || echo on)
+  gpu 0,1 timeout 570 python3 $B/run.py $res/serve_e4b_mm_tp2_chat_$modes --variant e4b --skip-prefill \
+    --multimodal --tp 2 --modes $modes --workloads chat > $res/serve_e4b_mm_tp2_chat_$modes.log 2>&1
   ;;
 Y1|Y2)
   modes=$([ $stage = Y1 ] && echo off || echo on)
