@@ -45,6 +45,8 @@
 #         verify one row per draft token), then compare_outputs.py
 #   GT grouped-verify launch alternatives at small batches (verify_kernel_bench --grouped-alt)
 #   UB UA's first order alone (GPU 0) | 31B step times with the grouped verify at 220 and 2460 keys (GPU 1)
+#   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
+#      sampled every 5 s (host.log)
 #   D4/D2  E4B / E2B multimodal, uncached chat, chat-c1, chat-c8, off (GPU 0) and on (GPU 1) at
 #          once, min-tokens unset: the start-up default as it works since 6ee0f71 (server log at info)
 #   Z1/Z2  uncached chat at TP=2, E4B multimodal, off (Z1) / on (Z2); then run.py --merge here
@@ -316,6 +318,19 @@ UB)
       --target 31b --batches 8 --contexts 220,2460 --out-len 64 --repeats 1 --max-running-requests 8 \
       --modes mtp-splitkv-grouped,mtp-splitkv > $res/draft_31b_2460.log 2>&1 ) &
   wait
+  ;;
+MV)
+  # one-step and stock adaptive MTP at chat 80, alone on GPU 0, with the host sampled every 5 s
+  # (load, GPU clocks, each SGLang process's allowed CPUs): why one-step MTP varied 0.94-1.10x
+  ( while sleep 5; do
+      echo "== $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+      nvidia-smi --query-gpu=index,clocks.sm,clocks.mem,utilization.gpu,power.draw --format=csv,noheader
+      for p in $(pgrep -f "sglang::|sglang.launch_server"); do echo "$p $(cat /proc/$p/comm) $(taskset -pc $p 2>/dev/null | cut -d: -f2)"; done
+    done > $res/host.log 2>&1 ) &
+  sampler=$!
+  gpu 0 timeout 560 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mv --workloads chat \
+    --modes mtp-splitkv-mrr80-adaptive1,mtp-splitkv-mrr80-adaptive > $res/serve_mv.log 2>&1
+  kill $sampler
   ;;
 D4|D2)
   # uncached chat, c1, c8 with min-tokens unset (0 since 6ee0f71): off on GPU 0, on on GPU 1 at once
