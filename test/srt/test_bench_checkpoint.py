@@ -482,7 +482,7 @@ def test_compare_outputs_of_two_code_versions(tmp_path):
     assert proc.returncode == 1
 
 
-def test_served_benchmark_merges_one_sided_runs(tmp_path, capsys):
+def test_served_benchmark_merges_one_sided_runs(tmp_path):
     """run.py --merge: the off side and the on side served in two calls (TP=2 fills a
     call per side) become one table with the change column; runs of another setup, or
     serving the same mode twice, are refused with the reason."""
@@ -511,11 +511,11 @@ def test_served_benchmark_merges_one_sided_runs(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "| chat | output_throughput | 100.0 | 110.0 | +10.0% |" in table and "2 runs merged" in table
 
+    info = side("on_info", "on")
+    data = json.loads(open(f"{info}/results.json").read())
+    open(f"{info}/results.json", "w").write(json.dumps({**data, "server_extra": {"log_level": "info"}}))
     with pytest.raises(SystemExit, match="differs .* in server_extra"):
-        d = side("on_info", "on")
-        data = json.loads(open(f"{d}/results.json").read())
-        open(f"{d}/results.json", "w").write(json.dumps({**data, "server_extra": {"log_level": "info"}}))
-        run.merge(str(out), [off, d])
+        run.merge(str(out), [off, info])
     with pytest.raises(SystemExit, match="differs .* in tp"):
         run.merge(str(out), [off, side("on_tp1", "on", tp=1)])
     with pytest.raises(SystemExit, match=r"\('off', 'chat'\).*more than one run"):
