@@ -45,6 +45,7 @@
 #         verify one row per draft token), then compare_outputs.py
 #   GT grouped-verify launch alternatives at small batches (verify_kernel_bench --grouped-alt)
 #   UB UA's first order alone (GPU 0) | 31B step times with the grouped verify at 220 and 2460 keys (GPU 1)
+#   PS short prefill passes (64-1024 tokens, batch 1 and 8) with the back-half graphs, E4B | E2B
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
 #   D4/D2  E4B / E2B multimodal, uncached chat, chat-c1, chat-c8, off (GPU 0) and on (GPU 1) at
@@ -318,6 +319,17 @@ UB)
       --target 31b --batches 8 --contexts 220,2460 --out-len 64 --repeats 1 --max-running-requests 8 \
       --modes mtp-splitkv-grouped,mtp-splitkv > $res/draft_31b_2460.log 2>&1 ) &
   wait
+  ;;
+PS)
+  # short passes with the back half in CUDA graphs, E4B (GPU 0) and E2B (GPU 1): what min-tokens 0 serves
+  for v in e4b e2b; do
+    g=$([ $v = e4b ] && echo 0 || echo 1)
+    ( gpu $g timeout 400 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
+        --modes off,on-all,ceiling --points 64x1,64x8,256x1,256x8,1024x1 --repeats 5 \
+        > $res/prefill_${v}_short.log 2>&1 ) &
+  done
+  wait
+  grep -h "^ROW" $res/prefill_*_short.log
   ;;
 MV)
   # one-step and stock adaptive MTP at chat 80, alone on GPU 0, with the host sampled every 5 s
