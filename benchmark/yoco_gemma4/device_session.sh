@@ -67,6 +67,8 @@ res=/tmp/res-$stage
 mkdir -p "$res"
 B=benchmark/yoco_gemma4
 gpu() { local g=$1; shift; CUDA_VISIBLE_DEVICES=$g YOCO_CKPT_DIR=/tmp/ckpt$g "$@"; }
+# a second site dir with main's files before 0022 (.device/overlay-base), for A/B stages
+base_site() { rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base && cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/; }
 
 case $stage in
 A)
@@ -268,8 +270,7 @@ W2)
   ;;
 WW)
   # W1 and W2 at the same time, one GPU each: an A/B under the same host load
-  rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base
-  cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/
+  base_site
   grep -c translate_window_in_place /tmp/site/sglang/srt/layers/attention/triton_backend.py \
     /tmp/site-base/sglang/srt/layers/attention/triton_backend.py
   ( gpu 0 timeout 565 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_nosync --workloads chat,chat-c8 \
@@ -357,20 +358,16 @@ D4|D2)
   grep -h "every prefill pass takes the fast path" $res/*.log | head -2
   python3 $B/run.py $res/merged --merge $res/serve_${v}_mm_off,$res/serve_${v}_mm_on > /dev/null
   ;;
-Z1|Z2)
-  # uncached chat at TP=2 (both GPUs), one side per call: Z1 off, Z2 on
-  modes=$([ $stage = Z1 ] && echo off || echo on)
-  gpu 0,1 timeout 570 python3 $B/run.py $res/serve_e4b_mm_tp2_chat_$modes --variant e4b --skip-prefill \
-    --multimodal --tp 2 --modes $modes --workloads chat > $res/serve_e4b_mm_tp2_chat_$modes.log 2>&1
-  ;;
-Y1|Y2)
-  modes=$([ $stage = Y1 ] && echo off || echo on)
-  gpu 0,1 timeout 570 python3 $B/run.py $res/serve_e4b_mm_tp2_$modes --variant e4b --skip-prefill --multimodal \
-    --tp 2 --modes $modes --workloads summ,chat > $res/serve_e4b_mm_tp2_$modes.log 2>&1
+Y1|Y2|Z1|Z2)
+  # TP=2 (both GPUs), one side per call: Y summ and chat, Z uncached chat alone; 1 off, 2 on
+  modes=$([ ${stage:1} = 1 ] && echo off || echo on)
+  wl=$([ ${stage:0:1} = Y ] && echo summ,chat || echo chat)
+  out=serve_e4b_mm_tp2_$([ ${stage:0:1} = Z ] && echo chat_)$modes
+  gpu 0,1 timeout 570 python3 $B/run.py $res/$out --variant e4b --skip-prefill --multimodal \
+    --tp 2 --modes $modes --workloads $wl > $res/$out.log 2>&1
   ;;
 WP)
-  rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base
-  cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/
+  base_site
   # run A: extend verify (0022, 0024); run B: split-KV verify one row per draft token (0022-0024),
   # on both sides: the grouped kernel (0025) is not in the base
   export SGLANG_CHAIN_VERIFY_GROUPED=0
