@@ -125,9 +125,9 @@ class ChainVerify:
     def fill_graph_buffers(self, bs, seq_lens, req_pool_indices, spec_info):
         be = self.backend
         n = _num_draft_tokens(be, spec_info)
-        rows, lens = self._lists(seq_lens[:bs], req_pool_indices[:bs], n)
+        rows, lens = self._lists(seq_lens[:bs], req_pool_indices[:bs], n, self.grouped)
         window_lens = self._fill(rows, lens, self.kv_indptr, be.cuda_graph_kv_indices,
-                                 self.window_kv_indptr, self.window_kv_indices, n)
+                                 self.window_kv_indptr, self.window_kv_indices, n, self.grouped)
         m = rows.shape[0]
         be.get_num_kv_splits(be.cuda_graph_num_kv_splits[:m], lens)
         if self.swa:
@@ -158,15 +158,17 @@ class ChainVerify:
         )
 
     # --- eager --------------------------------------------------------------------
-    def eager_fields(self, forward_batch):
+    def eager_fields(self, forward_batch, grouped=None):
         """Decode-shaped verify metadata, fresh tensors: (kv_indptr, kv_indices,
         window_kv_indptr, window_kv_indices, num_kv_splits, window_num_kv_splits,
         attn_logits, attn_lse, swa_attn_logits), the window ones None without a
-        sliding window."""
+        sliding window. `grouped` (default: this verify's layout) picks a key list
+        per request or per draft token."""
         be = self.backend
+        grouped = self.grouped if grouped is None else grouped
         n = _num_draft_tokens(be, forward_batch.spec_info)
         bs = len(forward_batch.req_pool_indices)
-        rows, lens = self._lists(forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n)
+        rows, lens = self._lists(forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n, grouped)
         m, q_rows, dev = rows.shape[0], bs * n, be.device
         # Exact size (one sync): eager verify runs only off the CUDA-graph path.
         kv_indices = torch.empty(int(lens.sum().item()), dtype=torch.int64, device=dev)
@@ -174,8 +176,9 @@ class ChainVerify:
         window_kv_indptr = window_kv_indices = None
         if self.swa:
             window_kv_indptr = torch.zeros_like(kv_indptr)
-            window_kv_indices = torch.empty(m * self._list_window(n), dtype=torch.int64, device=dev)
-        window_lens = self._fill(rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices, n)
+            window_kv_indices = torch.empty(m * self._list_window(n, grouped), dtype=torch.int64, device=dev)
+        window_lens = self._fill(rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices, n,
+                                 grouped)
 
         def splits(seq):
             out = torch.empty(m, dtype=torch.int32, device=dev)
@@ -252,28 +255,26 @@ class ChainVerify:
         layer's verify as one decode row per draft token, on metadata built for it."""
         be = self.backend
         grouped_md = be.forward_metadata
-        self.grouped = False
+        per_row = dict(zip(self._EAGER_FIELDS, self.eager_fields(forward_batch, grouped=False)))
+        be.forward_metadata = dataclasses.replace(grouped_md, **per_row)
         try:
-            per_row = dict(zip(self._EAGER_FIELDS, self.eager_fields(forward_batch)))
-            be.forward_metadata = dataclasses.replace(grouped_md, **per_row)
             return be.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False, **kwargs)
         finally:
-            self.grouped = True
             be.forward_metadata = grouped_md
 
     # --- shared -------------------------------------------------------------------
-    def _lists(self, seq_lens, req_pool_indices, n):
+    def _lists(self, seq_lens, req_pool_indices, n, grouped):
         """(pool row, keys) of each key list: one per draft token, or with
         grouping one per request (its prefix and all n draft tokens)."""
-        if self.grouped:
+        if grouped:
             return req_pool_indices, seq_lens + n
         return chain_query_lens(seq_lens, req_pool_indices, n)
 
-    def _list_window(self, n):
+    def _list_window(self, n, grouped):
         # Grouped: the union of a request's n row windows, which end one key apart.
-        return self.window + n - 1 if self.grouped else self.window
+        return self.window + n - 1 if grouped else self.window
 
-    def _fill(self, rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices, n):
+    def _fill(self, rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices, n, grouped):
         """The backend's decode index builders, run over each key list (see
         `_lists`). Returns the window lengths (None without sliding window)."""
         from sglang.srt.layers.attention.triton_backend import (
@@ -292,7 +293,7 @@ class ChainVerify:
         _, _, window_lens, _ = update_sliding_window_buffer(
             window_kv_indptr,
             be.req_to_token,
-            self._list_window(n),
+            self._list_window(n, grouped),
             lens,
             rows,
             m,
