@@ -1,6 +1,35 @@
 """Shared helpers: a tiny Gemma-4 served by the fork on CPU, and its HF reference."""
 
+import os
+
 import torch
+
+
+class EngineStartFailed(RuntimeError):
+    pass
+
+
+def _engine_start_failed(signum, frame):
+    # A scheduler or detokenizer that fails at start-up sends SIGQUIT. Stock's
+    # handler then SIGKILLs the whole process tree, pytest included, and the run
+    # ends as "Killed" with the child's traceback (in pytest's captured stderr)
+    # lost. Kill only the engine's processes and fail the test that started it.
+    import gc
+
+    import zmq
+
+    from sglang.srt.utils.common import kill_process_tree
+
+    kill_process_tree(os.getpid(), include_parent=False)
+    # The half-built engine's ZMQ contexts would block forever when collected
+    # (their sockets wait to deliver to the dead scheduler), hanging whatever
+    # test runs then. No other engine is running: close them all now.
+    for obj in gc.get_objects():
+        if isinstance(obj, zmq.Context) and not obj.closed:
+            obj.destroy(linger=0)
+    raise EngineStartFailed("an engine subprocess failed at start-up; its 'hit an "
+                            "exception' traceback is in this test's captured stderr")
+
 
 ENGINE_DEFAULTS = dict(
     device="cpu",
@@ -8,9 +37,15 @@ ENGINE_DEFAULTS = dict(
     dtype="float32",
     skip_tokenizer_init=True,
     disable_cuda_graph=True,
-    max_total_tokens=8192,
+    max_total_tokens=8192,  # caps the KV pool, whatever mem_fraction_static allows
     max_running_requests=64,
-    mem_fraction_static=0.05,
+    # On CPU the KV budget is system RAM that every process shares: the pool
+    # gets what is available after loading minus (1 - this) x what was available
+    # before. At 0.05 (about 1 GB here) an MTP drafter's own load (0.5-0.8 GB)
+    # plus the detokenizer starting beside it could use it all up, and the
+    # scheduler failed at start-up now and then.
+    mem_fraction_static=0.5,
+    custom_sigquit_handler=_engine_start_failed,
     log_level="error",
     random_seed=0,
     # The tiny model's prompts are short: let the fast path take every pass.

@@ -18,7 +18,6 @@ docstring).
 
 import json
 import os
-import signal
 import sys
 
 import pytest
@@ -66,45 +65,20 @@ def setup(tmp_path_factory):
                 os.environ[k] = v
 
 
-class EngineChildFailed(RuntimeError):
-    pass
-
-
-def _child_failed(signum, frame):
-    # SGLang's own handler kills the whole process tree, pytest included, and the
-    # child's traceback (in pytest's captured output) is lost with it.
-    raise EngineChildFailed("an engine subprocess failed and sent SIGQUIT; its "
-                            "'hit an exception' traceback is in the captured stderr")
-
-
-def _serve_once(target, prompts, **kwargs):
+def serve(setup, **overrides):
+    """Greedy tokens and verify-round counts of the prompts sent as one batch."""
     import sglang as sgl
 
-    before = signal.getsignal(signal.SIGQUIT)
-    engine = sgl.Engine(model_path=target, **kwargs)
-    signal.signal(signal.SIGQUIT, _child_failed)  # replaces the one the engine installed
+    target, _, prompts, _, _ = setup
+    engine = sgl.Engine(model_path=target, **{**ENGINE, **overrides})
     try:
-        return engine.generate(
+        outs = engine.generate(
             input_ids=prompts,
             sampling_params=[{"max_new_tokens": n, "temperature": 0.0} for n in NEW_TOKENS],
             return_logprob=True,
         )
     finally:
         engine.shutdown()
-        signal.signal(signal.SIGQUIT, before)
-
-
-def serve(setup, **overrides):
-    """Greedy tokens and verify-round counts of the prompts sent as one batch."""
-    target, _, prompts, _, _ = setup
-    try:
-        outs = _serve_once(target, prompts, **{**ENGINE, **overrides})
-    except EngineChildFailed as e:
-        # Seen in two full CPU runs in a row at stop 16, not in the runs around them
-        # nor with this file alone: an engine child died, its traceback lost with
-        # pytest. Once more, loudly; a real break fails again.
-        print(f"WARNING: {e}; serving once more", file=sys.stderr)
-        outs = _serve_once(target, prompts, **{**ENGINE, **overrides})
     return [greedy_of(o)[0] for o in outs], [o["meta_info"].get("spec_verify_ct") for o in outs]
 
 
