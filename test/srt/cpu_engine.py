@@ -21,9 +21,9 @@ def _engine_start_failed(signum, frame):
     from sglang.srt.utils.common import kill_process_tree
 
     kill_process_tree(os.getpid(), include_parent=False)
-    # The half-built engine's ZMQ contexts would block forever when collected
-    # (their sockets wait to deliver to the dead scheduler), hanging whatever
-    # test runs then. No other engine is running: close them all now.
+    # One of the half-built engine's ZMQ contexts, collected later, blocked the
+    # next test's generate for good (seen once; sockets of a default linger wait
+    # on what they hold). No other engine is running: close them all now.
     for obj in gc.get_objects():
         if isinstance(obj, zmq.Context) and not obj.closed:
             obj.destroy(linger=0)
