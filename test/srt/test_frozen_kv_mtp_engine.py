@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from cpu_engine import ENGINE_DEFAULTS, HFReference, decisive_prompts, greedy_of
+from cpu_engine import ENGINE_DEFAULTS, HFReference, decisive_prompts, greedy_of, start_engine
 from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,10 +67,8 @@ def setup(tmp_path_factory):
 
 def serve(setup, **overrides):
     """Greedy tokens and verify-round counts of the prompts sent as one batch."""
-    import sglang as sgl
-
     target, _, prompts, _, _ = setup
-    engine = sgl.Engine(model_path=target, **{**ENGINE, **overrides})
+    engine = start_engine(target, **{**ENGINE, **overrides})
     try:
         outs = engine.generate(
             input_ids=prompts,
