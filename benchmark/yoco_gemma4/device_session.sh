@@ -49,7 +49,8 @@
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
 #   D4/D2  E4B / E2B multimodal, uncached chat, chat-c1, chat-c8, off (GPU 0) and on (GPU 1) at
-#          once, min-tokens unset: the start-up default as it works since 6ee0f71 (server log at info)
+#          once, min-tokens unset: the start-up default as it works since 6ee0f71 (server log at info);
+#          `D4 off` / `D4 on` (and `PS e4b` / `PS e2b`): one side per call on GPU 0, for the one-GPU kind
 #   Z1/Z2  uncached chat at TP=2, E4B multimodal, off (Z1) / on (Z2); then run.py --merge here
 #   Y1/Y2  served at TP=2 (both GPUs), E4B multimodal, summ and chat, YOCO off (Y1) / on (Y2)
 #   UA FROZEN_KV_MTP adaptive with 1 draft step from batch 64 (serve_mtp mode
@@ -322,9 +323,10 @@ UB)
   wait
   ;;
 PS)
-  # short passes with the back half in CUDA graphs, E4B (GPU 0) and E2B (GPU 1): what min-tokens 0 serves
-  for v in e4b e2b; do
-    g=$([ $v = e4b ] && echo 0 || echo 1)
+  # short passes with the back half in CUDA graphs, E4B (GPU 0) and E2B (GPU 1): what min-tokens 0 serves;
+  # on the one-GPU kind one variant per call on GPU 0 (PS e4b, PS e2b)
+  for v in ${2:-e4b e2b}; do
+    g=$([ $v = e4b ] || [ -n "${2:-}" ] && echo 0 || echo 1)
     ( gpu $g timeout 400 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
         --modes off,on-all,ceiling --points 64x1,64x8,256x1,256x8,1024x1 --repeats 5 \
         > $res/prefill_${v}_short.log 2>&1 ) &
@@ -346,17 +348,18 @@ MV)
   kill $sampler
   ;;
 D4|D2)
-  # uncached chat, c1, c8 with min-tokens unset (0 since 6ee0f71): off on GPU 0, on on GPU 1 at once
+  # uncached chat, c1, c8 with min-tokens unset (0 since 6ee0f71): off on GPU 0, on on GPU 1 at once;
+  # on the one-GPU kind one side per call on GPU 0 (D4 off, then D4 on), merged here afterwards
   v=$([ $stage = D4 ] && echo e4b || echo e2b)
-  for m in off on; do
-    g=$([ $m = off ] && echo 0 || echo 1)
+  for m in ${2:-off on}; do
+    g=$([ $m = off ] || [ -n "${2:-}" ] && echo 0 || echo 1)
     ( gpu $g timeout 560 python3 $B/run.py $res/serve_${v}_mm_$m --variant $v --skip-prefill --multimodal \
         --modes $m --port $((31000 + 10 * g)) --workloads chat,chat-c1,chat-c8 \
         --server-extra '{"log_level": "info"}' > $res/serve_${v}_mm_$m.log 2>&1 ) &
   done
   wait
   grep -h "every prefill pass takes the fast path" $res/*.log | head -2
-  python3 $B/run.py $res/merged --merge $res/serve_${v}_mm_off,$res/serve_${v}_mm_on > /dev/null
+  [ -n "${2:-}" ] || python3 $B/run.py $res/merged --merge $res/serve_${v}_mm_off,$res/serve_${v}_mm_on > /dev/null
   ;;
 Y1|Y2|Z1|Z2)
   # TP=2 (both GPUs), one side per call: Y summ and chat, Z uncached chat alone; 1 off, 2 on
