@@ -68,6 +68,9 @@ res=/tmp/res-$stage
 mkdir -p "$res"
 B=benchmark/yoco_gemma4
 gpu() { local g=$1; shift; CUDA_VISIBLE_DEVICES=$g YOCO_CKPT_DIR=/tmp/ckpt$g "$@"; }
+# GPU of a two-job stage's job: the first job 0, the other 1; 0 when the stage's second
+# argument picks one job per call (the one-GPU kind): side_gpu FIRST JOB "${2:-}"
+side_gpu() { [ "$2" = "$1" ] || [ -n "$3" ] && echo 0 || echo 1; }
 # a second site dir with main's files before 0022 (.device/overlay-base), for A/B stages
 base_site() { rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base && cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/; }
 
@@ -326,7 +329,7 @@ PS)
   # short passes with the back half in CUDA graphs, E4B (GPU 0) and E2B (GPU 1): what min-tokens 0 serves;
   # on the one-GPU kind one variant per call on GPU 0 (PS e4b, PS e2b)
   for v in ${2:-e4b e2b}; do
-    g=$([ $v = e4b ] || [ -n "${2:-}" ] && echo 0 || echo 1)
+    g=$(side_gpu e4b $v "${2:-}")
     ( gpu $g timeout 400 python3 $B/prefill_bench.py $res/prefill_${v}_short.json --variant $v \
         --modes off,on-all,ceiling --points 64x1,64x8,256x1,256x8,1024x1 --repeats 5 \
         > $res/prefill_${v}_short.log 2>&1 ) &
@@ -352,7 +355,7 @@ D4|D2)
   # on the one-GPU kind one side per call on GPU 0 (D4 off, then D4 on), merged here afterwards
   v=$([ $stage = D4 ] && echo e4b || echo e2b)
   for m in ${2:-off on}; do
-    g=$([ $m = off ] || [ -n "${2:-}" ] && echo 0 || echo 1)
+    g=$(side_gpu off $m "${2:-}")
     ( gpu $g timeout 560 python3 $B/run.py $res/serve_${v}_mm_$m --variant $v --skip-prefill --multimodal \
         --modes $m --port $((31000 + 10 * g)) --workloads chat,chat-c1,chat-c8 \
         --server-extra '{"log_level": "info"}' > $res/serve_${v}_mm_$m.log 2>&1 ) &
