@@ -46,6 +46,8 @@
 #   GT grouped-verify launch alternatives at small batches (verify_kernel_bench --grouped-alt)
 #   UB UA's first order alone (GPU 0) | 31B step times with the grouped verify at 220 and 2460 keys (GPU 1)
 #   PS short prefill passes (64-1024 tokens, batch 1 and 8) with the back-half graphs, E4B | E2B
+#   PE E4B 256 tokens at batch 1 and 8, 15 repeats (GPU 0) | E2B fast path vs ceiling at 1024 x 8 with
+#      the back-half graphs, profiled (GPU 1)
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
 #   D4/D2  E4B / E2B multimodal, uncached chat, chat-c1, chat-c8, off (GPU 0) and on (GPU 1) at
@@ -336,6 +338,16 @@ PS)
   done
   wait
   grep -h "^ROW" $res/prefill_*_short.log
+  ;;
+PE)
+  # run 19's one 1.00x point again with 15 repeats | where E2B's last 7 % against the ceiling goes
+  ( gpu 0 timeout 400 python3 $B/prefill_bench.py $res/prefill_e4b_256.json --variant e4b \
+      --modes off,on-all --points 256x1,256x8 --repeats 15 > $res/prefill_e4b_256.log 2>&1 ) &
+  ( gpu 1 timeout 400 python3 $B/prefill_bench.py $res/prefill_e2b_profile.json --variant e2b \
+      --modes on-all,ceiling --points 1024x8,2048x8 --repeats 5 --profile-point 1024x8 \
+      > $res/prefill_e2b_profile.log 2>&1 ) &
+  wait
+  grep -h "^ROW" $res/prefill_*.log
   ;;
 MV)
   # one-step and stock adaptive MTP at chat 80, alone on GPU 0, with the host sampled every 5 s
