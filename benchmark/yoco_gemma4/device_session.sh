@@ -340,10 +340,14 @@ PS)
   grep -h "^ROW" $res/prefill_*_short.log
   ;;
 PE)
-  # run 19's one 1.00x point again with 15 repeats | where E2B's last 7 % against the ceiling goes
-  ( gpu 0 timeout 400 python3 $B/prefill_bench.py $res/prefill_e4b_256.json --variant e4b \
+  # run 19's one 1.00x point again with 15 repeats | where E2B's last 7 % against the ceiling goes;
+  # `PE seq`: both on GPU 0, one after the other (short passes are host-bound: run 20's side-by-side
+  # call slowed the E4B off side while the E2B job loaded)
+  g1=$([ "${2:-}" = seq ] && echo 0 || echo 1)
+  ( gpu 0 timeout 250 python3 $B/prefill_bench.py $res/prefill_e4b_256.json --variant e4b \
       --modes off,on-all --points 256x1,256x8 --repeats 15 > $res/prefill_e4b_256.log 2>&1 ) &
-  ( gpu 1 timeout 400 python3 $B/prefill_bench.py $res/prefill_e2b_profile.json --variant e2b \
+  [ $g1 = 0 ] && wait
+  ( gpu $g1 timeout 250 python3 $B/prefill_bench.py $res/prefill_e2b_profile.json --variant e2b \
       --modes on-all,ceiling --points 1024x8,2048x8 --repeats 5 --profile-point 1024x8 \
       > $res/prefill_e2b_profile.log 2>&1 ) &
   wait
@@ -351,7 +355,8 @@ PE)
   ;;
 MV)
   # one-step and stock adaptive MTP at chat 80, alone on GPU 0, with the host sampled every 5 s
-  # (load, GPU clocks, each SGLang process's allowed CPUs): why one-step MTP varied 0.94-1.10x
+  # (load, GPU clocks, each SGLang process's allowed CPUs): why one-step MTP varied 0.94-1.10x;
+  # `MV nospec,mtp-splitkv-mrr80-adaptive1`: other serve_mtp modes
   ( while sleep 5; do
       echo "== $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
       nvidia-smi --query-gpu=index,clocks.sm,clocks.mem,utilization.gpu,power.draw --format=csv,noheader
@@ -359,7 +364,7 @@ MV)
     done > $res/host.log 2>&1 ) &
   sampler=$!
   gpu 0 timeout 560 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mv --workloads chat \
-    --modes mtp-splitkv-mrr80-adaptive1,mtp-splitkv-mrr80-adaptive > $res/serve_mv.log 2>&1
+    --modes ${2:-mtp-splitkv-mrr80-adaptive1,mtp-splitkv-mrr80-adaptive} > $res/serve_mv.log 2>&1
   kill $sampler
   ;;
 D4|D2)
