@@ -1,7 +1,7 @@
 """Latency of one prefill forward pass, YOCO off vs on vs the ceiling, without a server.
 
     python forward_bench.py OUT.json [--variant e2b] [--modes off,on-all,ceiling]
-        [--batches 1,8] [--lens 64,256,512,1024,2048] [--repeats 5]
+        [--batches 1,8] [--lens 64,256,512,1024,2048] [--repeats 5] [--graphs]
 
 Short prompts are bound by the host, and prefill_bench.py times them through
 Engine.generate, whose inter-process round trip (tokenizer manager -> scheduler ->
@@ -12,6 +12,9 @@ process, synchronize before and after `extend`), one process per mode, each
 
 modes: off; on (default --kv-sharing-fast-prefill-min-tokens); on-all (min tokens 0:
 the fast path on every pass); ceiling (the model cut to its front layers).
+CUDA graphs are off (`--disable-cuda-graph`), so the fast path's back half runs eager;
+--graphs keeps them, so that the back half replays its graphs as in a server (run 20
+timed the eager back half here by mistake: 0.65-1.11x on short passes).
 """
 
 import argparse
@@ -33,13 +36,13 @@ MODE_FLAGS = {
 }
 
 
-def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra, tag):
+def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra, tag, graphs=False):
     result = os.path.join(out_dir, f"one_batch_{tag}_{mode}.jsonl")
     if os.path.exists(result):
         os.remove(result)
     cmd = [sys.executable, "-m", "sglang.bench_one_batch", "--model-path", ckpt,
            "--load-format", "dummy", "--dtype", "bfloat16", "--attention-backend", "triton",
-           "--disable-cuda-graph", "--output-len", "1", "--result-filename", result,
+           *([] if graphs else ["--disable-cuda-graph"]), "--output-len", "1", "--result-filename", result,
            "--batch-size", *map(str, batches), "--input-len", *[str(L) for L in lens for _ in range(repeats)]]
     cmd += MODE_FLAGS[mode] + extra
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
@@ -62,6 +65,7 @@ def main():
     ap.add_argument("--lens", default="64,256,512,1024,2048")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--extra", default="", help="more bench_one_batch/server arguments, space-separated")
+    ap.add_argument("--graphs", action="store_true", help="keep CUDA graphs (the back half's among them)")
     a = ap.parse_args()
     batches = [int(x) for x in a.batches.split(",")]
     lens = [int(x) for x in a.lens.split(",")]
@@ -71,7 +75,7 @@ def main():
     for mode in a.modes.split(","):
         v = ceiling_variant(a.variant) if mode == "ceiling" else a.variant
         ckpt = make_checkpoint(f"{root}/tok-{v}", v)
-        raw[mode] = run_mode(mode, ckpt, batches, lens, a.repeats, out_dir, a.extra.split(), a.variant)
+        raw[mode] = run_mode(mode, ckpt, batches, lens, a.repeats, out_dir, a.extra.split(), a.variant, a.graphs)
         write(a, batches, lens, raw)  # after every mode, so a time limit keeps what ran
     write(a, batches, lens, raw, final=True)
 
