@@ -47,7 +47,8 @@
 #   UB UA's first order alone (GPU 0) | 31B step times with the grouped verify at 220 and 2460 keys (GPU 1)
 #   PS short prefill passes (64-1024 tokens, batch 1 and 8) with the back-half graphs, E4B | E2B
 #   PE E4B 256 tokens at batch 1 and 8, 15 repeats (GPU 0) | E2B fast path vs ceiling at 1024 x 8 with
-#      the back-half graphs, profiled (GPU 1)
+#      the back-half graphs, profiled (GPU 1); `PE seq`: both on GPU 0, one after the other
+#   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
 #   D4/D2  E4B / E2B multimodal, uncached chat, chat-c1, chat-c8, off (GPU 0) and on (GPU 1) at
@@ -352,6 +353,12 @@ PE)
       > $res/prefill_e2b_profile.log 2>&1 ) &
   wait
   grep -h "^ROW" $res/prefill_*.log
+  ;;
+PX)
+  # run 20's E4B 256 x 1 (0.88x through Engine.generate, yet a shorter profiled forward): the forward alone
+  gpu 0 timeout 400 python3 $B/forward_bench.py $res/forward_e4b_graphs.json --variant e4b --modes off,on-all \
+    --batches 1,8 --lens 64,256,1024 --repeats 10 --graphs > $res/forward_e4b_graphs.log 2>&1
+  grep -h "^ROW\|back half" $res/forward_e4b_graphs.log
   ;;
 MV)
   # one-step and stock adaptive MTP at chat 80, alone on GPU 0, with the host sampled every 5 s

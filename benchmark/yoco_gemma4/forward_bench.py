@@ -13,8 +13,9 @@ process, synchronize before and after `extend`), one process per mode, each
 modes: off; on (default --kv-sharing-fast-prefill-min-tokens); on-all (min tokens 0:
 the fast path on every pass); ceiling (the model cut to its front layers).
 CUDA graphs are off (`--disable-cuda-graph`), so the fast path's back half runs eager;
---graphs keeps them, so that the back half replays its graphs as in a server (run 20
-timed the eager back half here by mistake: 0.65-1.11x on short passes).
+--graphs keeps them but the prefill graph (`--disable-prefill-cuda-graph`, as in
+prefill_bench.py and the multimodal server), so that the back half replays its graphs as
+in a server (run 20 timed the eager back half here by mistake: 0.65-1.11x on short passes).
 """
 
 import argparse
@@ -42,7 +43,8 @@ def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra, tag, graphs=Fal
         os.remove(result)
     cmd = [sys.executable, "-m", "sglang.bench_one_batch", "--model-path", ckpt,
            "--load-format", "dummy", "--dtype", "bfloat16", "--attention-backend", "triton",
-           *([] if graphs else ["--disable-cuda-graph"]), "--output-len", "1", "--result-filename", result,
+           "--disable-prefill-cuda-graph" if graphs else "--disable-cuda-graph",
+           "--output-len", "1", "--result-filename", result,
            "--batch-size", *map(str, batches), "--input-len", *[str(L) for L in lens for _ in range(repeats)]]
     cmd += MODE_FLAGS[mode] + extra
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
