@@ -68,6 +68,8 @@ def main():
     # the first-token acceptance that 2.1 over 3 steps implies (sglang's default
     # match-expected method draws 1 or 2 with that mean).
     ap.add_argument("--accept-len", default=MTP_ACCEPT_LEN, help="SGLANG_SIMULATE_ACC_LEN for the MTP modes")
+    ap.add_argument("--server-extra", default="{}",
+                    help='JSON of engine kwargs for every server, e.g. \'{"log_level": "info"}\' (prefill batches in the log)')
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model = make_checkpoint(f"{a.out}/ckpt-{a.variant}", a.variant)
@@ -80,7 +82,8 @@ def main():
         if mode != "nospec":
             env["SGLANG_SIMULATE_ACC_LEN"] = a.accept_len
         port = a.port + i
-        cmd = _server_cmd(model, port, False, 1, None if mode == "nospec" else draft) + MODE_FLAGS[mode]
+        cmd = _server_cmd(model, port, False, 1, None if mode == "nospec" else draft,
+                          **json.loads(a.server_extra)) + MODE_FLAGS[mode]
         if mode.endswith("adaptive1"):
             cmd += adaptive1_config(a.out)
         log(f"serve_mtp: starting server, mode {mode}")
