@@ -64,9 +64,9 @@ def main():
                     help=f"of {', '.join(w[0] for w in WORKLOADS)}, chat-cN (N concurrent, as run.py's sweep)")
     ap.add_argument("--port", type=int, default=32000)
     ap.add_argument("--no-warmup", action="store_true", help="measure each server's first pass over a workload")
-    # One draft step caps the chain at 2 tokens, so 2.1 accepts every draft; 1.58-1.75 is
-    # the first-token acceptance that 2.1 over 3 steps implies (sglang's default
-    # match-expected method draws 1 or 2 with that mean).
+    # One draft step caps the chain at 2 tokens, so 2.1 accepts every draft. 2.1 over 3
+    # steps implies a first-token acceptance of about 0.58-0.75, i.e. 1.58-1.75 for one
+    # step (sglang's default match-expected method draws 1 or 2 with that mean).
     ap.add_argument("--accept-len", default=MTP_ACCEPT_LEN, help="SGLANG_SIMULATE_ACC_LEN for the MTP modes")
     ap.add_argument("--server-extra", default="{}",
                     help='JSON of engine kwargs for every server, e.g. \'{"log_level": "info"}\' (prefill batches in the log)')
