@@ -2,7 +2,7 @@
 
 Stock 0.5.17 counts a continuing chunked request twice against the request slots:
 once in the batch being formed and once as a used slot of the request pool. With
-every slot but its own taken (FROZEN_KV_MTP at 80 requests and its cap of 80), the
+every other slot taken (FROZEN_KV_MTP serving 80 prompts at --max-running-requests 80), the
 request behind it waited for a prefill pass of its own (patch 0026).
 """
 
