@@ -48,6 +48,8 @@
 #   PS short prefill passes (64-1024 tokens, batch 1 and 8) with the back-half graphs, E4B | E2B
 #   PE E4B 256 tokens at batch 1 and 8, 15 repeats (GPU 0) | E2B fast path vs ceiling at 1024 x 8 with
 #      the back-half graphs, profiled (GPU 1); `PE seq`: both on GPU 0, one after the other
+#   PA E4B 256 tokens, off and on-all engines alternately (two each), host sampled every 2 s
+#   G3 31B draft step at 220 and 2460 keys, batch 8, three repeats
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
@@ -76,6 +78,17 @@ gpu() { local g=$1; shift; CUDA_VISIBLE_DEVICES=$g YOCO_CKPT_DIR=/tmp/ckpt$g "$@
 side_gpu() { [ "$2" = "$1" ] || [ -n "$3" ] && echo 0 || echo 1; }
 # a second site dir with main's files before 0022 (.device/overlay-base), for A/B stages
 base_site() { rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base && cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/; }
+
+host_sampler() {
+  # every $1 s: host load, GPU clocks, and each SGLang process's allowed CPUs and the CPU it last ran on
+  while sleep "$1"; do
+    echo "== $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+    nvidia-smi --query-gpu=index,clocks.sm,clocks.mem,utilization.gpu,power.draw --format=csv,noheader
+    for p in $(pgrep -f "sglang::|sglang.launch_server"); do
+      echo "$p $(cat /proc/$p/comm) $(taskset -pc $p 2>/dev/null | cut -d: -f2) cpu $(ps -o psr= -p $p)"
+    done
+  done > $res/host.log 2>&1
+}
 
 case $stage in
 A)
@@ -197,6 +210,12 @@ G2)
   FKV_CKPT_DIR=/tmp/fkv0 gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/profile_draft.py $res/draft_31b_grouped \
     --target 31b --batches 8 --contexts 220,2048 --out-len 64 --repeats 1 --max-running-requests 8 \
     --modes mtp-splitkv,mtp-splitkv-grouped > $res/draft_31b_grouped.log 2>&1
+  ;;
+G3)
+  # the 31B step growth from 220 to 2460 keys at batch 8 with three repeats (run 18: 1.153x from one)
+  FKV_CKPT_DIR=/tmp/fkv0 gpu 0 timeout 540 python3 benchmark/frozen_kv_mtp/profile_draft.py $res/draft_31b_g3 \
+    --target 31b --batches 8 --contexts 220,2460 --out-len 64 --repeats 3 --max-running-requests 8 \
+    --modes mtp-splitkv-grouped > $res/draft_31b_g3.log 2>&1
   ;;
 L)
   # served E4B chat | 31B step times (8 running requests: the SWA pool cap at the default 48 does not fit)
@@ -354,6 +373,16 @@ PE)
   wait
   grep -h "^ROW" $res/prefill_*.log
   ;;
+PA)
+  # run 20's E4B 256 x 1 read 30 ms with YOCO on in one call and 54 ms in the next: off and on-all engines
+  # alternately, twice each, with the host sampled every 2 s (is the slow mode the engine's or the host's?)
+  host_sampler 2 &
+  sampler=$!
+  gpu 0 timeout 540 python3 $B/prefill_bench.py $res/prefill_e4b_alternate.json --variant e4b \
+    --modes off,on-all,off,on-all --points 256x1,256x8 --repeats 15 > $res/prefill_e4b_alternate.log 2>&1
+  kill $sampler
+  grep -h "^ROW" $res/prefill_e4b_alternate.log
+  ;;
 PX)
   # run 20's E4B 256 x 1 (0.88x through Engine.generate, yet a shorter profiled forward): the forward alone
   gpu 0 timeout 400 python3 $B/forward_bench.py $res/forward_e4b_graphs.json --variant e4b --modes off,on-all \
@@ -365,11 +394,7 @@ MV)
   # (load, GPU clocks, each SGLang process's allowed CPUs): why one-step MTP varied 0.94-1.10x;
   # `MV nospec,mtp-splitkv-mrr80-adaptive1`: other serve_mtp modes; `MV MODES 1.65`: another simulated accept length.
   # Server logs at info since run 20: the prefill batches of MTP and no-spec servers, compared
-  ( while sleep 5; do
-      echo "== $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
-      nvidia-smi --query-gpu=index,clocks.sm,clocks.mem,utilization.gpu,power.draw --format=csv,noheader
-      for p in $(pgrep -f "sglang::|sglang.launch_server"); do echo "$p $(cat /proc/$p/comm) $(taskset -pc $p 2>/dev/null | cut -d: -f2)"; done
-    done > $res/host.log 2>&1 ) &
+  host_sampler 5 &
   sampler=$!
   gpu 0 timeout 560 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mv --workloads chat \
     --modes ${2:-mtp-splitkv-mrr80-adaptive1,mtp-splitkv-mrr80-adaptive} ${3:+--accept-len $3} \
