@@ -392,12 +392,13 @@ PX)
 MV)
   # one-step and stock adaptive MTP at chat 80, alone on GPU 0, with the host sampled every 5 s
   # (load, GPU clocks, each SGLang process's allowed CPUs): why one-step MTP varied 0.94-1.10x;
-  # `MV nospec,mtp-splitkv-mrr80-adaptive1`: other serve_mtp modes; `MV MODES 1.65`: another simulated accept length.
+  # `MV nospec,mtp-splitkv-mrr80-adaptive1`: other serve_mtp modes; `MV MODES 1.65`: another simulated accept length;
+  # `MV MODES 2.1 80`: warm-up passes of 80 prompts (reach the adaptive 0-step state before the measured pass).
   # Server logs at info since run 20: the prefill batches of MTP and no-spec servers, compared
   host_sampler 5 &
   sampler=$!
   gpu 0 timeout 560 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mv --workloads chat \
-    --modes ${2:-mtp-splitkv-mrr80-adaptive1,mtp-splitkv-mrr80-adaptive} ${3:+--accept-len $3} \
+    --modes ${2:-mtp-splitkv-mrr80-adaptive1,mtp-splitkv-mrr80-adaptive} ${3:+--accept-len $3} ${4:+--warmup-prompts $4} \
     --server-extra '{"log_level": "info"}' > $res/serve_mv.log 2>&1
   grep -c "Prefill batch" $res/serve_mv.log
   kill $sampler

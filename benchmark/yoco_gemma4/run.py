@@ -170,7 +170,7 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
     return res
 
 
-def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup=True):
+def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup=True, warmup_prompts=WARMUP_PROMPTS):
     """Start one server, run each workload against it in turn, stop it; rows tagged `mode`.
     With `warmup`, every workload first runs once unmeasured, small (see the docstring)."""
     proc = subprocess.Popen(cmd, env=env)
@@ -178,10 +178,10 @@ def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup
     try:
         _wait_healthy(port, proc)
         if warmup:
-            log(f"serving: {label}, warm-up ({WARMUP_PROMPTS} prompts of each workload, unmeasured)")
+            log(f"serving: {label}, warm-up ({warmup_prompts} prompts of each workload, unmeasured)")
             for name, inp, outp, n, conc in workloads:
                 # Another seed: other prompts, so the radix cache holds none of the measured ones.
-                _bench(model, port, name, inp, min(outp, WARMUP_OUTPUT), min(n, WARMUP_PROMPTS), conc,
+                _bench(model, port, name, inp, min(outp, WARMUP_OUTPUT), min(n, warmup_prompts), conc,
                        jsonl.replace(".jsonl", "_warmup.jsonl"), seed=1)
         for name, inp, outp, n, conc in workloads:
             log(f"serving: {label}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
