@@ -50,6 +50,7 @@
 #      the back-half graphs, profiled (GPU 1); `PE seq`: both on GPU 0, one after the other
 #   PA E4B 256 tokens, off and on-all engines alternately (two each), host sampled every 2 s
 #   G3 31B draft step at 220 and 2460 keys, batch 8, three repeats
+#   PB batch 1 at 1k-8k tokens against the ceiling, one forward with the back-half graphs, E4B then E2B
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
@@ -382,6 +383,16 @@ PA)
     --modes off,on-all,off,on-all --points 256x1,256x8 --repeats 15 > $res/prefill_e4b_alternate.log 2>&1
   kill $sampler
   grep -h "^ROW" $res/prefill_e4b_alternate.log
+  ;;
+PB)
+  # 95 % of the ceiling at batch 1 from 1k tokens (run 3 read 91 % at 4096 x 1 beside another job; 1k-2k x 1
+  # were host-bound there): one forward per pass, back half in its graphs, E4B then E2B
+  for v in e4b e2b; do
+    gpu 0 timeout 280 python3 $B/forward_bench.py $res/forward_${v}_batch1.json --variant $v \
+      --modes off,on-all,ceiling --batches 1 --lens 1024,2048,4096,8000 --repeats 10 --graphs \
+      > $res/forward_${v}_batch1.log 2>&1
+  done
+  grep -h "^ROW" $res/forward_*_batch1.log
   ;;
 PX)
   # run 20's E4B 256 x 1 (0.88x through Engine.generate, yet a shorter profiled forward): the forward alone
