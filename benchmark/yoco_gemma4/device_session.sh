@@ -83,7 +83,7 @@ base_site() { rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base && cp -r .
 host_sampler() {
   # every $1 s: host load, GPU clocks, and each SGLang process's allowed CPUs and the CPU it last ran on
   while sleep "$1"; do
-    echo "== $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "== $(date +%T) $(date +%s.%N | cut -c1-14) load $(cut -d' ' -f1-3 /proc/loadavg)"
     nvidia-smi --query-gpu=index,clocks.sm,clocks.mem,utilization.gpu,power.draw --format=csv,noheader
     for p in $(pgrep -f "sglang::|sglang.launch_server"); do
       echo "$p $(cat /proc/$p/comm) $(taskset -pc $p 2>/dev/null | cut -d: -f2) cpu $(ps -o psr= -p $p)"

@@ -70,14 +70,16 @@ def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, pro
     eng.generate(input_ids=ids(8, 64), sampling_params=sp)
     out = []
     for L, n in points:
-        ts = []
+        ts, starts = [], []
         for _ in range(repeats):
             batch = ids(n, L)
+            starts.append(round(time.time(), 3))  # wall clock, to line passes up with a host sampler's log
             t = time.perf_counter()
             eng.generate(input_ids=batch, sampling_params=sp)
             ts.append(time.perf_counter() - t)
         med = statistics.median(ts)
-        rec = {"mode": mode, "len": L, "batch": n, "median_s": med, "times_s": ts, "tok_s": L * n / med}
+        rec = {"mode": mode, "len": L, "batch": n, "median_s": med, "times_s": ts, "started_unix": starts,
+               "tok_s": L * n / med}
         print(f"RESULT {json.dumps(rec)}", flush=True)
         out.append(rec)
     if parity and mode != "ceiling":
