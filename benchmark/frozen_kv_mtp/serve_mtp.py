@@ -71,6 +71,13 @@ def main():
     # steps implies a first-token acceptance of about 0.58-0.75, i.e. 1.58-1.75 for one
     # step (sglang's default match-expected method draws 1 or 2 with that mean).
     ap.add_argument("--accept-len", default=MTP_ACCEPT_LEN, help="SGLANG_SIMULATE_ACC_LEN for the MTP modes")
+    # Each server its own empty TRITON_CACHE_DIR: every one compiles cold, as in a new
+    # container, and a later server cannot load what an earlier one compiled.
+    ap.add_argument("--fresh-triton-cache", action="store_true", help="an empty Triton cache per server")
+    ap.add_argument("--jit-log", action="store_true",
+                    help="log each server's Triton compiles with times to OUT/jit_MODE.log (jit_log_site/)")
+    ap.add_argument("--no-kernel-warmup", action="store_true",
+                    help="MTP servers skip patch 0027's start-up compile of the spec decode kernels (A/B)")
     ap.add_argument("--server-extra", default="{}",
                     help='JSON of engine kwargs for every server, e.g. \'{"log_level": "info"}\' (prefill batches in the log)')
     a = ap.parse_args()
@@ -84,6 +91,15 @@ def main():
         env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
         if mode != "nospec":
             env["SGLANG_SIMULATE_ACC_LEN"] = a.accept_len
+        if a.fresh_triton_cache:
+            env["TRITON_CACHE_DIR"] = os.path.abspath(f"{a.out}/triton_cache_{i}_{mode}")
+        if a.jit_log or a.no_kernel_warmup:
+            site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jit_log_site")
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
+        if a.jit_log:
+            env["BENCH_TRITON_JIT_LOG"] = os.path.abspath(f"{a.out}/jit_{mode}.log")
+        if a.no_kernel_warmup and mode != "nospec":
+            env["BENCH_SKIP_SPEC_KERNEL_WARMUP"] = "1"
         port = a.port + i
         cmd = _server_cmd(model, port, False, 1, None if mode == "nospec" else draft,
                           **json.loads(a.server_extra)) + MODE_FLAGS[mode]

@@ -52,6 +52,8 @@
 #   G3 31B draft step at 220 and 2460 keys, batch 8, three repeats
 #   PB batch 1 at 1k-8k tokens against the ceiling, one forward with the back-half graphs, E4B then E2B
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
+#   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
+#      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
 #   D4/D2  E4B / E2B multimodal, uncached chat, chat-c1, chat-c8, off (GPU 0) and on (GPU 1) at
@@ -412,6 +414,21 @@ MV)
     --modes ${2:-mtp-splitkv-mrr80-adaptive1,mtp-splitkv-mrr80-adaptive} ${3:+--accept-len $3} ${4:+--warmup-prompts $4} \
     --server-extra '{"log_level": "info"}' > $res/serve_mv.log 2>&1
   grep -c "Prefill batch" $res/serve_mv.log
+  kill $sampler
+  ;;
+MK|MKbase)
+  # patch 0027 (spec decode kernels compiled at start-up), E4B chat 80, stock adaptive MTP, every
+  # server on an empty Triton cache with its compiles logged (jit_MODE.log): MK no speculation and
+  # MTP with 0027; MKbase MTP without it (a second call: three servers overrun one)
+  host_sampler 5 &
+  sampler=$!
+  modes=$([ $stage = MK ] && echo nospec,mtp-splitkv-mrr80-adaptive || echo mtp-splitkv-mrr80-adaptive)
+  gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mk --workloads chat \
+    --modes $modes --fresh-triton-cache --jit-log $([ $stage = MKbase ] && echo --no-kernel-warmup) \
+    --server-extra '{"log_level": "info"}' > $res/serve_mk.log 2>&1
+  grep -h "Warmed spec decode kernels" $res/serve_mk.log | cut -c1-300
+  grep -h "^ROW" $res/serve_mk.log | cut -c1-400
+  rm -rf $res/serve_mk/triton_cache_*   # not in the tgz: megabytes of cubins
   kill $sampler
   ;;
 D4|D2)

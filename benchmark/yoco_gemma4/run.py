@@ -185,8 +185,10 @@ def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup
                        jsonl.replace(".jsonl", "_warmup.jsonl"), seed=1)
         for name, inp, outp, n, conc in workloads:
             log(f"serving: {label}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
+            started = time.time()
             r = _bench(model, port, name, inp, outp, n, conc, jsonl)
             r["mode"] = mode
+            r["started_unix"] = round(started, 3)  # lines the pass up with server-side logs
             log("  " + json.dumps({k: v for k, v in r.items() if k != "ttfts_ms"}))
             rows.append(r)
     finally:
