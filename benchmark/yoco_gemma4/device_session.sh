@@ -51,6 +51,7 @@
 #   PA E4B 256 tokens, off and on-all engines alternately (two each), host sampled every 2 s
 #   G3 31B draft step at 220 and 2460 keys, batch 8, three repeats
 #   PB batch 1 at 1k-8k tokens against the ceiling, one forward with the back-half graphs, E4B then E2B
+#   PF E4B 4096 x 1 against the ceiling, profiled | adaptive MTP greedy parity under deterministic inference
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
@@ -395,6 +396,17 @@ PB)
       > $res/forward_${v}_batch1.log 2>&1
   done
   grep -h "^ROW" $res/forward_*_batch1.log
+  ;;
+PF)
+  # PB (run 22): E4B 4096 x 1 at 91.5 % of the ceiling, 8000 x 1 at 96.7 %: where the extra ~5 ms go, profiled
+  # with the engine as served | stock adaptive MTP against fixed 3 steps, greedy, under deterministic inference
+  gpu 0 timeout 260 python3 $B/prefill_bench.py $res/prefill_e4b_4k_profile.json --variant e4b \
+    --modes on-all,ceiling --points 4096x1,8000x1 --repeats 5 --profile-point 4096x1 > $res/prefill_e4b_4k_profile.log 2>&1
+  grep -h "^ROW" $res/prefill_e4b_4k_profile.log
+  gpu 0 timeout 300 python3 $B/mtp_check.py $res/mtp_parity_adaptive_det.json --yoco off --prompts 200 --max-len 4000 \
+    --max-new 16 --extra '{"enable_deterministic_inference": true}' --b-extra '{"speculative_adaptive": true}' \
+    > $res/mtp_parity_adaptive_det.log 2>&1
+  tail -4 $res/mtp_parity_adaptive_det.log | cut -c1-300
   ;;
 PX)
   # run 20's E4B 256 x 1 (0.88x through Engine.generate, yet a shorter profiled forward): the forward alone
