@@ -52,6 +52,7 @@
 #   G3 31B draft step at 220 and 2460 keys, batch 8, three repeats
 #   PB batch 1 at 1k-8k tokens against the ceiling, one forward with the back-half graphs, E4B then E2B
 #   PF E4B 4096 x 1 against the ceiling, profiled | adaptive MTP greedy parity under deterministic inference
+#   PY E4B 1024 / 2048 x 1, one forward, off and on-all processes in both orders
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
@@ -407,6 +408,16 @@ PF)
     --max-new 16 --extra '{"enable_deterministic_inference": true}' --b-extra '{"speculative_adaptive": true}' \
     > $res/mtp_parity_adaptive_det.log 2>&1
   tail -4 $res/mtp_parity_adaptive_det.log | cut -c1-300
+  ;;
+PY)
+  # PB (run 22) read E4B on-all at 0.75x / 0.97x at 1024 / 2048 x 1 where run 21's PX read 1.33x at 1024 x 1:
+  # the same forward with the two modes' processes in both orders (each process runs at one of two speeds)
+  for order in off,on-all on-all,off; do
+    mkdir -p $res/$order
+    gpu 0 timeout 125 python3 $B/forward_bench.py $res/$order/forward_e4b.json --variant e4b --modes $order \
+      --batches 1 --lens 1024,2048 --repeats 10 --graphs > $res/$order/forward_e4b.log 2>&1
+  done
+  grep -h "^ROW" $res/*/forward_e4b.log
   ;;
 PX)
   # run 20's E4B 256 x 1 (0.88x through Engine.generate, yet a shorter profiled forward): the forward alone
