@@ -414,7 +414,7 @@ PY)
   # the same forward with the two modes' processes in both orders (each process runs at one of two speeds)
   for order in off,on-all on-all,off; do
     mkdir -p $res/$order
-    gpu 0 timeout 125 python3 $B/forward_bench.py $res/$order/forward_e4b.json --variant e4b --modes $order \
+    gpu 0 timeout 240 python3 $B/forward_bench.py $res/$order/forward_e4b.json --variant e4b --modes $order \
       --batches 1 --lens 1024,2048 --repeats 10 --graphs > $res/$order/forward_e4b.log 2>&1
   done
   grep -h "^ROW" $res/*/forward_e4b.log
