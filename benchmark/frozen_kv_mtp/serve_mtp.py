@@ -94,7 +94,7 @@ def main():
         if a.fresh_triton_cache:
             env["TRITON_CACHE_DIR"] = os.path.abspath(f"{a.out}/triton_cache_{i}_{mode}")
         if a.jit_log or a.no_kernel_warmup:
-            site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jit_log_site")
+            site = os.path.join(HERE, "jit_log_site")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
         if a.jit_log:
             env["BENCH_TRITON_JIT_LOG"] = os.path.abspath(f"{a.out}/jit_{mode}.log")
