@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from transformers import PretrainedConfig
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.cuda_graph_config import Backend as GraphBackend
@@ -99,6 +100,11 @@ class TargetRunner:
         self.attn_backend = Backend("target")
         self.decode_cuda_graph_runner = "target-graphs-initial"
         self.init_new_workspace = False
+        # what the worker's start-up checks read: a model without mamba state
+        self.model_config = types.SimpleNamespace(
+            hf_config=PretrainedConfig(architectures=["Gemma4ForConditionalGeneration"]),
+            linear_attn_registry_result=None,
+        )
 
     def _get_attention_backend(self, init_new_workspace=False):
         return Backend("target")

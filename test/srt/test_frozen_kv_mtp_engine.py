@@ -9,7 +9,8 @@ HF transformers' for prompts whose HF continuation has no near-tie:
 - FROZEN_KV_MTP with a Gemma-4 assistant drafter (seeded random weights);
 - with `--speculative-adaptive` (patch 0017), a config that sends batches of 2+ to
   0 draft steps and a batch of 1 to 3: the requests finish one by one, so the run
-  switches 3 -> 0 -> 3 steps (checked in the scheduler's log);
+  switches 3 -> 0 -> 3 steps (checked in the scheduler's log); without logprobs,
+  the 0-step rounds take the one-node greedy tail (patch 0028);
 - with `--triton-attention-split-kv-verify` (patches 0014-0015);
 - with `--kv-sharing-fast-prefill` (YOCO under MTP, patch 0012).
 `mtp_cpu_shim/` routes three stock device gates to stock's Triton kernels (see its
@@ -65,7 +66,7 @@ def setup(tmp_path_factory):
                 os.environ[k] = v
 
 
-def serve(setup, **overrides):
+def serve(setup, return_logprob=True, **overrides):
     """Greedy tokens and verify-round counts of the prompts sent as one batch."""
     target, _, prompts, _, _ = setup
     engine = start_engine(target, **{**ENGINE, **overrides})
@@ -73,16 +74,17 @@ def serve(setup, **overrides):
         outs = engine.generate(
             input_ids=prompts,
             sampling_params=[{"max_new_tokens": n, "temperature": 0.0} for n in NEW_TOKENS],
-            return_logprob=True,
+            return_logprob=return_logprob,
         )
     finally:
         engine.shutdown()
-    return [greedy_of(o)[0] for o in outs], [o["meta_info"].get("spec_verify_ct") for o in outs]
+    tokens = [greedy_of(o)[0] if return_logprob else o["output_ids"] for o in outs]
+    return tokens, [o["meta_info"].get("spec_verify_ct") for o in outs]
 
 
-def mtp(setup, **extra):
+def mtp(setup, return_logprob=True, **extra):
     _, draft, _, _, _ = setup
-    tokens, verify = serve(setup, **mtp_kwargs(draft, 3), **extra)
+    tokens, verify = serve(setup, return_logprob, **mtp_kwargs(draft, 3), **extra)
     # the speculative path ran: every round verified, at least one token each
     assert all(v is not None and 0 < v <= n for v, n in zip(verify, NEW_TOKENS)), verify
     return tokens
@@ -107,6 +109,21 @@ def test_adaptive_mtp_matches_hf_and_switches_steps(setup, capfd):
     log = capfd.readouterr().err
     assert "Switch adaptive runtime state: steps 3 -> 0" in log
     assert "Switch adaptive runtime state: steps 0 -> 3" in log
+
+
+def test_adaptive_zero_step_greedy_tail_matches_hf(setup, monkeypatch):
+    """Patch 0028: without logprobs, the 0-step rounds of greedy requests take
+    the one-node tail (the shim logs each round it answered)."""
+    root = setup[4]
+    cfg = root / "adaptive-tail.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}}))
+    log = root / "tail.log"
+    monkeypatch.setenv("SGLANG_TEST_ONE_NODE_TAIL_LOG", str(log))  # read by the scheduler process
+    tokens = mtp(setup, False, speculative_adaptive=True, speculative_adaptive_config=str(cfg))
+    assert tokens == setup[3]
+    # batches of 3 and 2 ran 0-step rounds, each answered by the tail
+    sizes = [int(x) for x in log.read_text().split()]
+    assert {3, 2} <= set(sizes) and all(s in (2, 3) for s in sizes), sizes
 
 
 def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch):

@@ -16,3 +16,19 @@ if os.environ.get("SGLANG_TEST_MTP_CPU_SHIM") == "1":
 
     eagle_utils._is_xpu = True
     cache_locs._is_xpu = True
+
+if os.environ.get("SGLANG_TEST_ONE_NODE_TAIL_LOG"):
+    # Record each round the one-node greedy verify tail (patch 0028) answered,
+    # so an engine test can tell it ran.
+    from sglang.srt.speculative import one_node_greedy_verify
+
+    _tail_call = one_node_greedy_verify.OneNodeGreedyVerifyTail.__call__
+
+    def _logged_tail_call(self, batch, *args, **kwargs):
+        result = _tail_call(self, batch, *args, **kwargs)
+        if result is not None:
+            with open(os.environ["SGLANG_TEST_ONE_NODE_TAIL_LOG"], "a") as f:
+                f.write(f"{len(batch.seq_lens)}\n")
+        return result
+
+    one_node_greedy_verify.OneNodeGreedyVerifyTail.__call__ = _logged_tail_call

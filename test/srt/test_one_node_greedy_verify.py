@@ -1,0 +1,244 @@
+"""Patch 0028 (speculative/one_node_greedy_verify.py): FROZEN_KV_MTP's 0-step
+round (one verify node per request) on an all-greedy batch skips the stock tree
+sampling and takes the target's argmax.
+
+- ``run_eagle_verify`` with the tail must return what it returns without it
+  (tokens, dtypes, accept lengths, new lengths, bonus tokens), with and
+  without the bench's simulated acceptance. The stock side runs for real: its
+  Triton kernels (``verify_tree_greedy``, ``fill_bonus_tokens``) under Triton's
+  interpreter on CPU, as the engine tests run them; only the target forward and
+  the verify's slot planning are stand-ins.
+- Every batch the stock sampling must see falls through (the tail returns
+  None): grammar, logprobs, sampling, penalties, logit bias, idle, more than
+  one node.
+- The worker gets the tail only where its verify needs nothing per step.
+"""
+
+import types
+from contextlib import nullcontext
+
+import pytest
+import torch
+from transformers import PretrainedConfig
+
+from triton_interpret import print_result, run_as_script
+
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.speculative import one_node_greedy_verify as tail_mod
+from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+VOCAB = 64
+HIDDEN = 8
+
+
+def sampling(**kw):
+    info = dict(
+        is_all_greedy=True,
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        logit_bias=None,
+    )
+    info.update(kw)
+    return types.SimpleNamespace(**info)
+
+
+def one_node_batch(bs, seed=0, **kw):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    g = torch.Generator().manual_seed(seed)
+    batch = ScheduleBatch(reqs=[types.SimpleNamespace() for _ in range(bs)])
+    batch.forward_mode = ForwardMode.DECODE
+    batch.seq_lens = torch.randint(5, 500, (bs,), generator=g)
+    batch.sampling_info = sampling()
+    batch.return_logprob = False
+    batch.has_grammar = False
+    batch.device = "cpu"
+    for k, v in kw.items():
+        setattr(batch, k, v)
+    bonus = torch.randint(0, VOCAB, (bs,), generator=g)
+    verify_input = EagleVerifyInput(
+        draft_token=bonus,
+        custom_mask=None,
+        positions=batch.seq_lens.clone(),
+        retrieve_index=torch.arange(bs).unsqueeze(1),
+        retrieve_next_token=torch.full((bs, 1), -1),
+        retrieve_next_sibling=torch.full((bs, 1), -1),
+        retrieve_cum_len=None,
+        spec_steps=0,
+        topk=1,
+        draft_token_num=1,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=None,
+        seq_lens_cpu=None,
+    )
+    batch.spec_info = verify_input
+    # ties included: a few rows repeat their maximum
+    logits = torch.randn(bs, VOCAB, generator=g)
+    logits[::5, 7] = logits[::5].max(dim=-1).values
+    return batch, verify_input, logits
+
+
+def verify_round(batch, logits, tail):
+    """run_eagle_verify with a stand-in target forward and slot planning."""
+    from sglang.srt.speculative import eagle_worker_common as common
+
+    logits_output = types.SimpleNamespace(
+        next_token_logits=logits.clone(),
+        hidden_states=torch.arange(len(logits) * HIDDEN, dtype=torch.float32).view(-1, HIDDEN),
+    )
+    forward_batch = object()
+    common.eagle_prepare_for_verify = lambda *a: (forward_batch, True)
+    common.record_stream_for_v2_verify = lambda *a: None
+    common.record_stream_each = lambda *a: None
+    model_config = types.SimpleNamespace(
+        hf_config=PretrainedConfig(architectures=["Gemma4ForConditionalGeneration"]),
+        linear_attn_registry_result=None,
+    )
+    target = types.SimpleNamespace(
+        model_runner=types.SimpleNamespace(model_config=model_config),
+        forward_batch_generation=lambda **kw: types.SimpleNamespace(
+            logits_output=logits_output, routed_experts_output=None, indexer_topk_output=None
+        ),
+    )
+    result = common.run_eagle_verify(
+        batch,
+        target_worker=target,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: object()),
+        plan_stream=None,
+        plan_stream_ctx=nullcontext(),
+        topk=1,
+        num_steps=0,
+        num_draft_tokens=1,
+        device="cpu",
+        metadata_ready_pre_pad=False,
+        finalize_tree_path=True,
+        one_node_tail=tail,
+    )
+    assert result.extra_keep_alive_refs == [forward_batch]
+    assert result.logits_output is logits_output
+    return result
+
+
+def _summary(result):
+    return {
+        "next_token_ids": result.next_token_ids.tolist(),
+        "next_token_dtype": str(result.next_token_ids.dtype),
+        "accept_lens": result.accept_lens.tolist(),
+        "accept_lens_dtype": str(result.accept_lens.dtype),
+        "new_seq_lens": result.new_seq_lens.tolist(),
+        "bonus_tokens": result.next_draft_input.bonus_tokens.tolist(),
+        "num_draft_tokens": result.speculative_num_draft_tokens,
+    }
+
+
+def _check():
+    from sglang.srt.speculative import eagle_utils, spec_utils
+
+    # as test/srt/mtp_cpu_shim: stock's Triton verify kernel on this machine
+    eagle_utils._is_xpu = True
+    out = {}
+    for sim in (-1.0, 2.1):
+        spec_utils.SIMULATE_ACC_LEN = sim
+        tail_mod.SIMULATE_ACC_LEN = sim
+        for bs in (1, 7, 80):
+            runs = {}
+            for name, tail in (("stock", None), ("tail", tail_mod.OneNodeGreedyVerifyTail(_worker()))):
+                batch, _, logits = one_node_batch(bs, seed=bs)
+                runs[name] = _summary(verify_round(batch, logits, tail))
+            runs["argmax"] = one_node_batch(bs, seed=bs)[2].argmax(dim=-1).tolist()
+            out[f"{sim}/{bs}"] = runs
+    return out
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return run_as_script(__file__)
+
+
+@pytest.mark.parametrize("sim", ["-1.0", "2.1"])
+@pytest.mark.parametrize("bs", [1, 7, 80])
+def test_tail_returns_what_the_stock_sampling_returns(interpreted, sim, bs):
+    runs = interpreted[f"{sim}/{bs}"]
+    assert runs["tail"] == runs["stock"]
+    assert runs["stock"]["accept_lens"] == [1] * bs
+    assert runs["stock"]["next_token_dtype"] == "torch.int32"
+    assert runs["stock"]["num_draft_tokens"] == 1
+    if sim == "-1.0":
+        # the new bonus token is the target's argmax, as without speculation
+        assert runs["stock"]["next_token_ids"] == runs["argmax"]
+    else:
+        # the bench's simulated acceptance ('fixed' tokens) emits token 100
+        assert runs["stock"]["next_token_ids"] == [100] * bs
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(has_grammar=True),
+        dict(return_logprob=True),
+        dict(sampling_info=sampling(is_all_greedy=False)),
+        dict(sampling_info=sampling(acc_additive_penalties=torch.zeros(3, 1))),
+        dict(sampling_info=sampling(acc_scaling_penalties=torch.ones(3, 1))),
+        dict(sampling_info=sampling(logit_bias=torch.zeros(3, VOCAB))),
+        dict(forward_mode=ForwardMode.IDLE),
+    ],
+    ids=["grammar", "logprob", "sampling", "additive", "scaling", "logit_bias", "idle"],
+)
+def test_batches_the_stock_sampling_must_see_fall_through(change):
+    batch, verify_input, logits = one_node_batch(3, **change)
+    out = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=logits))
+    assert tail_mod.OneNodeGreedyVerifyTail(_worker())(batch, verify_input, out, None, True) is None
+    # the unchanged batch takes the tail
+    batch, verify_input, logits = one_node_batch(3)
+    out = types.SimpleNamespace(
+        logits_output=types.SimpleNamespace(next_token_logits=logits),
+        routed_experts_output=None,
+        indexer_topk_output=None,
+    )
+    assert tail_mod.OneNodeGreedyVerifyTail(_worker())(batch, verify_input, out, None, True) is not None
+
+
+def test_a_drafted_round_falls_through():
+    batch, verify_input, logits = one_node_batch(3)
+    verify_input.draft_token_num = 4
+    out = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=logits))
+    assert tail_mod.OneNodeGreedyVerifyTail(_worker())(batch, verify_input, out, None, True) is None
+
+
+def _worker(topk=1, kv_cache=None):
+    return types.SimpleNamespace(
+        topk=topk,
+        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config="cfg")),
+        token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: kv_cache or object()),
+    )
+
+
+def test_worker_gets_the_tail_only_where_verify_needs_nothing_per_step(monkeypatch):
+    monkeypatch.setattr(tail_mod, "mambaish_config", lambda cfg: None)
+    assert isinstance(tail_mod.one_node_greedy_verify_tail(_worker()), tail_mod.OneNodeGreedyVerifyTail)
+    assert tail_mod.one_node_greedy_verify_tail(_worker(topk=2)) is None
+    monkeypatch.setenv("SGLANG_ONE_NODE_GREEDY_VERIFY", "0")
+    assert tail_mod.one_node_greedy_verify_tail(_worker()) is None
+    monkeypatch.delenv("SGLANG_ONE_NODE_GREEDY_VERIFY")
+    monkeypatch.setattr(tail_mod, "mambaish_config", lambda cfg: "mamba")
+    assert tail_mod.one_node_greedy_verify_tail(_worker()) is None
+
+
+def test_a_kv_cache_that_clears_draft_states_falls_through():
+    batch, verify_input, logits = one_node_batch(3)
+    out = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=logits))
+    c128 = types.SimpleNamespace(clear_unaccepted_c128_draft_states=lambda *a: None)
+    tail = tail_mod.OneNodeGreedyVerifyTail(_worker(kv_cache=c128))
+    assert tail(batch, verify_input, out, None, True) is None
+
+
+def test_frozen_kv_mtp_worker_takes_the_tail(monkeypatch):
+    from test_frozen_kv_mtp_adaptive import build_worker, frozen_args
+
+    for w in build_worker(monkeypatch, frozen_args()):
+        assert isinstance(w.one_node_verify_tail, tail_mod.OneNodeGreedyVerifyTail)
+
+
+if __name__ == "__main__":
+    print_result(_check)
