@@ -11,7 +11,8 @@ SGLANG_SIMULATE_ACC_LEN=2.1 (the original study's accept length; --accept-len se
 --triton-attention-split-kv-verify, `mtp-splitkv-mrr80` also --max-running-requests 80
 (FROZEN_KV_MTP's default is 48), `mtp-splitkv-mrr80-adaptive` also --speculative-adaptive,
 `mtp-splitkv-mrr80-adaptive1` the same with stock's adaptive config except 1 draft step,
-not 0, from batch 64 (OUT_DIR/adaptive1.json).
+not 0, from batch 64 (OUT_DIR/adaptive1.json), `mtp-splitkv-mrr80-adaptive-stocktail` the
+same as `-adaptive` with patch 0028's one-node greedy verify tail off.
 YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
@@ -41,6 +42,8 @@ MODE_FLAGS = {
 }
 # the same flags; its adaptive config file is added in main()
 MODE_FLAGS["mtp-splitkv-mrr80-adaptive1"] = MODE_FLAGS["mtp-splitkv-mrr80-adaptive"]
+# the same flags with patch 0028's one-node greedy verify tail off (A/B)
+MODE_FLAGS["mtp-splitkv-mrr80-adaptive-stocktail"] = MODE_FLAGS["mtp-splitkv-mrr80-adaptive"]
 
 
 def adaptive1_config(out_dir):
@@ -98,6 +101,8 @@ def main():
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
         if a.jit_log:
             env["BENCH_TRITON_JIT_LOG"] = os.path.abspath(f"{a.out}/jit_{mode}.log")
+        if mode.endswith("-stocktail"):
+            env["SGLANG_ONE_NODE_GREEDY_VERIFY"] = "0"
         if a.no_kernel_warmup and mode != "nospec":
             env["BENCH_SKIP_SPEC_KERNEL_WARMUP"] = "1"
         port = a.port + i

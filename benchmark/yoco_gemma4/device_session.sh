@@ -56,6 +56,9 @@
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
+#   MT patch 0028 A/B at E4B chat 80, stock adaptive MTP with the one-node greedy verify tail off
+#      (-stocktail) and on, and no speculation; `MT MODES` another order
+#   MP adaptive MTP greedy parity, 0028's tail off (run A) against on (run B), deterministic inference
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
 #   D4/D2  E4B / E2B multimodal, uncached chat, chat-c1, chat-c8, off (GPU 0) and on (GPU 1) at
@@ -438,6 +441,27 @@ MV)
     --server-extra '{"log_level": "info"}' > $res/serve_mv.log 2>&1
   grep -c "Prefill batch" $res/serve_mv.log
   kill $sampler
+  ;;
+MT)
+  # patch 0028 (0-step rounds of all-greedy batches skip the stock tree sampling), E4B chat 80, stock adaptive
+  # MTP (0 steps at batch 80): tail off / on against no speculation, one server after the other on GPU 0
+  host_sampler 5 &
+  sampler=$!
+  gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mt --workloads chat \
+    --modes ${2:-nospec,mtp-splitkv-mrr80-adaptive-stocktail,mtp-splitkv-mrr80-adaptive} \
+    --server-extra '{"log_level": "info"}' > $res/serve_mt.log 2>&1
+  grep -h "^ROW" $res/serve_mt.log | cut -c1-400
+  kill $sampler
+  ;;
+MP)
+  # patch 0028's tail must not change a token: adaptive MTP, real acceptance, 200 prompts to 4000 tokens,
+  # tail off (run A) vs on (run B), same batch mix, under deterministic inference
+  gpu 0 env SGLANG_ONE_NODE_GREEDY_VERIFY=0 timeout 400 python3 $B/mtp_check.py $res/mtp_parity_tail.json --yoco off \
+    --prompts 200 --max-len 4000 --max-new 32 \
+    --extra '{"enable_deterministic_inference": true, "speculative_adaptive": true, "log_level": "info"}' \
+    --b-env '{"SGLANG_ONE_NODE_GREEDY_VERIFY": "1"}' > $res/mtp_parity_tail.log 2>&1
+  grep -c "Switch adaptive runtime state: steps [0-9]* -> 0" $res/mtp_parity_tail.log
+  tail -3 $res/mtp_parity_tail.log | cut -c1-400
   ;;
 MK|MKbase)
   # patch 0027 (spec decode kernels compiled at start-up), E4B chat 80, stock adaptive MTP, every

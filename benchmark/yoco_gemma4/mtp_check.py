@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--yoco", default="off-on", choices=["off-on", "off", "on"],
                     help="YOCO in run A (\"off\" in the summary keys) and run B (\"on\"): off then on, or the same in both")
     ap.add_argument("--b-extra", default="{}", help="JSON of engine kwargs for run B only")
+    ap.add_argument("--b-env", default="{}",
+                    help="JSON of environment variables for run B only (its engine's processes read them)")
     ap.add_argument("--b-mix-seed", type=int, default=1,
                     help="batch-mix seed of run B (run A: 1); another seed measures stock's batch variance")
     a = ap.parse_args()
@@ -82,13 +84,15 @@ def main():
     yoco_a, yoco_b = {"off-on": (False, True), "off": (False, False), "on": (True, True)}[a.yoco]
     off = run(model, draft, yoco_a, prompts, mix, a.max_new, **extra)
     mix_b = mix if a.b_mix_seed == 1 else batches(len(prompts), a.b_mix_seed)
+    b_env = json.loads(a.b_env)
+    os.environ.update(b_env)
     on = run(model, draft, yoco_b, prompts, mix_b, a.max_new, **extra, **b_extra)
     acc = [r["accept_len"] for r in off if r["accept_len"] is not None]
     summary = {
         "variant": a.variant,
         "extra_engine_kwargs": extra,
         # run A is "off" in the keys below, run B "on"
-        "run_a": {"yoco": yoco_a}, "run_b": {"yoco": yoco_b, "mix_seed": a.b_mix_seed, **b_extra},
+        "run_a": {"yoco": yoco_a}, "run_b": {"yoco": yoco_b, "mix_seed": a.b_mix_seed, **b_extra, "env": b_env},
         "prompts": len(prompts),
         "prompt_len_min": min(map(len, prompts)),
         "prompt_len_max": max(map(len, prompts)),
