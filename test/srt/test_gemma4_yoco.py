@@ -7,6 +7,7 @@ YOCO off.
 """
 
 import dataclasses
+import os
 import random
 import re
 import types
@@ -169,6 +170,19 @@ def test_gather_rows_are_last_tokens_of_finishing_requests(reqs):
     # extend_start_loc + extend_seq_lens - 1, computed independently on tensors
     last = (fb.extend_start_loc + fb.extend_seq_lens - 1).tolist()
     assert yoco.last_token_rows(ext, keep) == [last[i] for i in keep]
+
+
+def test_finishing_requests_read_the_host_lengths_without_a_device_copy():
+    """Patch 0029: a scheduler prefill carries orig_seq_lens on the host too; the
+    plan reads that, never the device tensor (a .tolist() there syncs)."""
+    fb = make_batch([5, 9, 3], [0, 4, 0], [0, 7, 0])
+    fb.orig_seq_lens_cpu = fb.orig_seq_lens.tolist()
+    fb.orig_seq_lens = torch.empty(3, device="meta")  # reading it raises
+    assert yoco._finishing_requests(fb, fb.seq_lens_cpu.tolist()) == [0, 2]
+    # a host copy of another length is not this batch's: the device tensor is read
+    fb.orig_seq_lens_cpu = [5, 20]
+    with pytest.raises(NotImplementedError, match="meta"):
+        yoco._finishing_requests(fb, fb.seq_lens_cpu.tolist())
 
 
 def test_plan_builds_a_decode_shaped_back_half_batch(monkeypatch):
@@ -661,12 +675,13 @@ def _prompts(seed, n):
     return out
 
 
-def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd):
+def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd, monkeypatch, tmp_path):
     """Batch mixes, prefix hits, 1-token prompts next to long ones, chunked
     prefill (chunk 64 < several prompts) and an input-logprob request mixed in:
     YOCO on gives Hugging Face's tokens and logprobs; the log shows the back half
     ran on last tokens only, dropped unfinished chunks, and fell back for the
-    input-logprob batch."""
+    input-logprob batch. Every plan read the requests' lengths from the host
+    (patch 0029; engine_probe/ logs it in the scheduler process)."""
     from cpu_engine import (
         assert_same_greedy,
         decisive_prompts,
@@ -678,6 +693,10 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd):
     ref = decisive_prompts(hf, _prompts(7, 18), MAX_NEW)
     prompts = [list(p) for p in ref]
     assert len(prompts) >= 14
+    lengths_log = tmp_path / "yoco_lengths.log"
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine_probe")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [probe, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("SGLANG_TEST_YOCO_LENGTHS_LOG", str(lengths_log))
     eng = start_engine(
         model_dir, kv_sharing_fast_prefill=True, chunked_prefill_size=64, log_level="debug"
     )
@@ -704,6 +723,8 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd):
     assert any(n > 1 and total > n for n, total in fired), "YOCO never fired"
     assert any(n == 0 for n, _ in fired), "an unfinished chunk was not dropped"
     assert "full pass (input-token logprobs requested)" in log
+    reads = lengths_log.read_text().split()
+    assert reads and set(reads) == {"host"}, reads
 
 
 def test_yoco_on_equals_off(model_dir):

@@ -152,11 +152,14 @@ def fast_prefill_skip_reason(
 def _finishing_requests(forward_batch: ForwardBatch, seq_cpu: List[int]) -> List[int]:
     """Requests whose prefill ends in this pass (an unfinished chunk is dropped)."""
     bs = forward_batch.batch_size
-    orig = forward_batch.orig_seq_lens
-    if orig is None:
-        return list(range(bs))
-    # One small device->host copy per prefill pass, before any layer is launched.
-    orig_cpu = orig[:bs].tolist()
+    orig_cpu = forward_batch.orig_seq_lens_cpu
+    if orig_cpu is None or len(orig_cpu) != bs:
+        orig = forward_batch.orig_seq_lens
+        if orig is None:
+            return list(range(bs))
+        # Not a scheduler prefill (no host copy): a device sync, before any
+        # layer is launched.
+        orig_cpu = orig[:bs].tolist()
     return [i for i in range(bs) if seq_cpu[i] >= orig_cpu[i]]
 
 
@@ -267,6 +270,7 @@ def make_back_half_batch(
     fb.seq_lens_sum = sum(plan.seq_lens_cpu)
     if forward_batch.orig_seq_lens is not None:
         fb.orig_seq_lens = forward_batch.orig_seq_lens.index_select(0, ridx)
+    fb.orig_seq_lens_cpu = None  # the pass's requests, not the kept ones
     fb.out_cache_loc = forward_batch.out_cache_loc.index_select(0, rows)
     fb.positions = forward_batch.positions.index_select(0, rows)
     if forward_batch.input_ids is not None:
