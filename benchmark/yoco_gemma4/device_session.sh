@@ -53,6 +53,8 @@
 #   PB batch 1 at 1k-8k tokens against the ceiling, one forward with the back-half graphs, E4B then E2B
 #   PF E4B 4096 x 1 against the ceiling, profiled | adaptive MTP greedy parity under deterministic inference
 #   PY E4B 1024 / 2048 x 1, one forward, off and on-all processes in both orders
+#   PZ patch 0029 (no device sync in the fast-prefill plan): E4B 4096 / 8000 x 1 and E2B 1024 / 2048 x 8
+#      against the ceiling, one forward, back half in its graphs
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
@@ -390,6 +392,15 @@ PA)
     --modes off,on-all,off,on-all --points 256x1,256x8 --repeats 15 > $res/prefill_e4b_alternate.log 2>&1
   kill $sampler
   grep -h "^ROW" $res/prefill_e4b_alternate.log
+  ;;
+PZ)
+  # patch 0029: the points where the plan's sync left the GPU idle before layer 0 (run 22's trace) and the
+  # two closest to 95 % of the ceiling: E4B 4096 x 1 (91.5 %, run 22), E2B 1024 x 8 (94.9 %, run 20)
+  gpu 0 timeout 280 python3 $B/forward_bench.py $res/forward_e4b_batch1.json --variant e4b \
+    --modes on-all,ceiling --batches 1 --lens 4096,8000 --repeats 10 --graphs > $res/forward_e4b_batch1.log 2>&1
+  gpu 0 timeout 280 python3 $B/forward_bench.py $res/forward_e2b_batch8.json --variant e2b \
+    --modes on-all,ceiling --batches 8 --lens 1024,2048 --repeats 10 --graphs > $res/forward_e2b_batch8.log 2>&1
+  grep -h "^ROW" $res/forward_*.log
   ;;
 PB)
   # 95 % of the ceiling at batch 1 from 1k tokens (run 3 read 91 % at 4096 x 1 beside another job; 1k-2k x 1
