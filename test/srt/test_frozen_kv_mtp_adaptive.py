@@ -95,16 +95,21 @@ class DraftRunner:
         return Backend("draft")
 
 
+def gemma4_model_config():
+    """What start-up checks read of the target's ModelConfig: a model without
+    mamba state (``mambaish_config`` is None)."""
+    return types.SimpleNamespace(
+        hf_config=PretrainedConfig(architectures=["Gemma4ForConditionalGeneration"]),
+        linear_attn_registry_result=None,
+    )
+
+
 class TargetRunner:
     def __init__(self):
         self.attn_backend = Backend("target")
         self.decode_cuda_graph_runner = "target-graphs-initial"
         self.init_new_workspace = False
-        # what the worker's start-up checks read: a model without mamba state
-        self.model_config = types.SimpleNamespace(
-            hf_config=PretrainedConfig(architectures=["Gemma4ForConditionalGeneration"]),
-            linear_attn_registry_result=None,
-        )
+        self.model_config = gemma4_model_config()
 
     def _get_attention_backend(self, init_new_workspace=False):
         return Backend("target")

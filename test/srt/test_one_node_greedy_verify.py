@@ -19,8 +19,7 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from transformers import PretrainedConfig
-
+from test_frozen_kv_mtp_adaptive import gemma4_model_config
 from triton_interpret import print_result, run_as_script
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
@@ -90,12 +89,8 @@ def verify_round(batch, logits, tail):
     common.eagle_prepare_for_verify = lambda *a: (forward_batch, True)
     common.record_stream_for_v2_verify = lambda *a: None
     common.record_stream_each = lambda *a: None
-    model_config = types.SimpleNamespace(
-        hf_config=PretrainedConfig(architectures=["Gemma4ForConditionalGeneration"]),
-        linear_attn_registry_result=None,
-    )
     target = types.SimpleNamespace(
-        model_runner=types.SimpleNamespace(model_config=model_config),
+        model_runner=types.SimpleNamespace(model_config=gemma4_model_config()),
         forward_batch_generation=lambda **kw: types.SimpleNamespace(
             logits_output=logits_output, routed_experts_output=None, indexer_topk_output=None
         ),
