@@ -55,6 +55,8 @@
 #   PY E4B 1024 / 2048 x 1, one forward, off and on-all processes in both orders
 #   PZ patch 0029 (no device sync in the fast-prefill plan): E4B 4096 / 8000 x 1 and E2B 1024 / 2048 x 8
 #      against the ceiling, one forward, back half in its graphs
+#   PZ2 [e4b|e2b] patch 0029 and the graphs' lazy staging against the legacy plan (bench hook) and the
+#      ceiling, one call per model, processes alternated (forward_bench --rounds 2)
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
@@ -401,6 +403,16 @@ PZ)
   gpu 0 timeout 280 python3 $B/forward_bench.py $res/forward_e2b_batch8.json --variant e2b \
     --modes on-all,ceiling --batches 8 --lens 1024,2048 --repeats 10 --graphs > $res/forward_e2b_batch8.log 2>&1
   grep -h "^ROW" $res/forward_*.log
+  ;;
+PZ2)
+  # patch 0029 + the graphs' lazy staging, A/B in one call: on-all against on-all-legacy (the plan's
+  # host work as before both, bench hook legacy_plan_site/) and the ceiling, processes alternated
+  # over two rounds. `PZ2 e4b`: E4B 4096 / 8000 x 1; `PZ2 e2b`: E2B 1024 / 2048 x 8
+  v=${2:-e4b}
+  if [ "$v" = e4b ]; then pts="--batches 1 --lens 4096,8000"; else pts="--batches 8 --lens 1024,2048"; fi
+  gpu 0 timeout 560 python3 $B/forward_bench.py $res/forward_${v}_ab.json --variant $v \
+    --modes on-all,on-all-legacy,ceiling $pts --repeats 6 --rounds 2 --graphs > $res/forward_${v}_ab.log 2>&1
+  grep -h "^ROW\|BENCH_YOCO_LEGACY_PLAN" $res/forward_${v}_ab.log | sort | uniq -c
   ;;
 PB)
   # 95 % of the ceiling at batch 1 from 1k tokens (run 3 read 91 % at 4096 x 1 beside another job; 1k-2k x 1

@@ -1,7 +1,7 @@
 """Latency of one prefill forward pass, YOCO off vs on vs the ceiling, without a server.
 
     python forward_bench.py OUT.json [--variant e2b] [--modes off,on-all,ceiling]
-        [--batches 1,8] [--lens 64,256,512,1024,2048] [--repeats 5] [--graphs]
+        [--batches 1,8] [--lens 64,256,512,1024,2048] [--repeats 5] [--graphs] [--rounds 1]
 
 Short prompts are bound by the host, and prefill_bench.py times them through
 Engine.generate, whose inter-process round trip (tokenizer manager -> scheduler ->
@@ -11,7 +11,12 @@ process, synchronize before and after `extend`), one process per mode, each
 (batch, length) --repeats times; median reported.
 
 modes: off; on (default --kv-sharing-fast-prefill-min-tokens); on-all (min tokens 0:
-the fast path on every pass); ceiling (the model cut to its front layers).
+the fast path on every pass); on-all-legacy (on-all with the plan's host work as before
+patch 0029 and the lazy graph staging: a device sync for the lengths and the back-half
+batch built before layer 0, through legacy_plan_site/, for an A/B in one call); ceiling
+(the model cut to its front layers). --rounds R runs the mode list R times, one process
+per mode each time, and pools each mode's passes (processes alternate, so a slow spell
+of the host falls on every mode).
 CUDA graphs are off (`--disable-cuda-graph`), so the fast path's back half runs eager;
 --graphs keeps them but the prefill graph (`--disable-prefill-cuda-graph`, as in
 prefill_bench.py and the multimodal server), so that the back half replays its graphs as
@@ -35,6 +40,16 @@ MODE_FLAGS = {
     "on-all": ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"],
     "ceiling": [],
 }
+MODE_FLAGS["on-all-legacy"] = MODE_FLAGS["on-all"]
+LEGACY_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "legacy_plan_site")
+
+
+def mode_env(mode):
+    env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
+    if mode == "on-all-legacy":
+        env["BENCH_YOCO_LEGACY_PLAN"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (LEGACY_SITE, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra, tag, graphs=False):
@@ -47,9 +62,8 @@ def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra, tag, graphs=Fal
            "--output-len", "1", "--result-filename", result,
            "--batch-size", *map(str, batches), "--input-len", *[str(L) for L in lens for _ in range(repeats)]]
     cmd += MODE_FLAGS[mode] + extra
-    env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
     print("RUN", " ".join(cmd), flush=True)
-    subprocess.run(cmd, env=env, check=True)
+    subprocess.run(cmd, env=mode_env(mode), check=True)
     times = {}
     with open(result) as f:
         for line in f:
@@ -68,17 +82,21 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--extra", default="", help="more bench_one_batch/server arguments, space-separated")
     ap.add_argument("--graphs", action="store_true", help="keep CUDA graphs (the back half's among them)")
+    ap.add_argument("--rounds", type=int, default=1, help="run the mode list this many times, pooled")
     a = ap.parse_args()
     batches = [int(x) for x in a.batches.split(",")]
     lens = [int(x) for x in a.lens.split(",")]
     root = os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt")
     out_dir = os.path.dirname(os.path.abspath(a.out))
     raw = {}
-    for mode in a.modes.split(","):
-        v = ceiling_variant(a.variant) if mode == "ceiling" else a.variant
-        ckpt = make_checkpoint(f"{root}/tok-{v}", v)
-        raw[mode] = run_mode(mode, ckpt, batches, lens, a.repeats, out_dir, a.extra.split(), a.variant, a.graphs)
-        write(a, batches, lens, raw)  # after every mode, so a time limit keeps what ran
+    for _ in range(a.rounds):
+        for mode in a.modes.split(","):
+            v = ceiling_variant(a.variant) if mode == "ceiling" else a.variant
+            ckpt = make_checkpoint(f"{root}/tok-{v}", v)
+            times = run_mode(mode, ckpt, batches, lens, a.repeats, out_dir, a.extra.split(), a.variant, a.graphs)
+            for point, ts in times.items():
+                raw.setdefault(mode, {}).setdefault(point, []).extend(ts)
+            write(a, batches, lens, raw)  # after every mode, so a time limit keeps what ran
     write(a, batches, lens, raw, final=True)
 
 
@@ -99,7 +117,7 @@ def write(a, batches, lens, raw, final=False):
                 print("ROW", json.dumps(row), flush=True)
             table.append(row)
     with open(a.out, "w") as f:
-        json.dump({"variant": a.variant, "repeats": a.repeats, "table": table,
+        json.dump({"variant": a.variant, "repeats": a.repeats, "rounds": a.rounds, "table": table,
                    "raw_s": {m: {f"{k[1]}x{k[0]}": v for k, v in t.items()} for m, t in raw.items()}}, f, indent=1)
 
 

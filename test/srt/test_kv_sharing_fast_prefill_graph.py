@@ -134,7 +134,8 @@ def test_graph_replay_equals_the_eager_back_half(monkeypatch, reqs):
     if eager.num_reqs > graphs.max_bs:  # more rows than the largest graph: eager
         assert plan.graphs is None and plan.back_attrs is not None
         return
-    assert plan.graphs is graphs and plan.back_attrs is None  # no eager metadata built
+    # nothing built before the front half: the graph stages its rows at back-half time
+    assert plan.graphs is graphs and plan.back_attrs is None and plan.batch is None
     got = yoco.run_back_half(layers, plan, END, hidden, ple)
     assert torch.equal(got, want)
 
@@ -160,9 +161,12 @@ def test_layer_arguments_the_graph_lacks_run_eager(monkeypatch):
     layers = torch.nn.ModuleList(KwargLayer(i) for i in range(END))
     hidden = torch.randn(8, HIDDEN, dtype=torch.float64)
     ple = torch.randn(8, END, PLE, dtype=torch.float64)
-    yoco.run_back_half(layers, plan, END, hidden, ple, extra="x")
+    got = yoco.run_back_half(layers, plan, END, hidden, ple, extra="x")
     assert seen == ["x"] * (END - FIRST_SHARED)  # the eager layers got it
     assert graphs.backend.calls == []  # no replay
+    # built from the pass's batch at back-half time, as the eager plan builds it
+    want = yoco.run_back_half(layers, yoco.plan_fast_prefill(fb, FIRST_SHARED), END, hidden, ple)
+    assert plan.batch.batch_size == 2 and torch.equal(got, want)
 
 
 @settings(max_examples=30, deadline=None)
@@ -194,7 +198,7 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     bs = kg.bucket_for(graphs.buckets, n)
     graph_be.init_forward_metadata_out_graph(graphs.batches[bs], in_capture=True)
     plan = _plan_all(fb)
-    plan.batch, plan.graphs = back, graphs
+    plan.source, plan.graphs = fb, graphs
     hidden = torch.zeros(sum(ext), HIDDEN, dtype=torch.float64)
     ple = torch.zeros(sum(ext), END, PLE, dtype=torch.float64)
     yoco.run_back_half(graphs.layers, plan, END, hidden, ple)  # stages, fills, replays

@@ -91,12 +91,14 @@ class FastPrefillPlan:
     # The pass's cached prefix of each kept request (where its keys start).
     prefix_lens_cpu: List[int]
     # The back-half batch (decode- or extend-shaped) and its attention
-    # metadata, built before the front half is launched.
+    # metadata, built before the front half is launched (eager back half).
     batch: Optional[ForwardBatch] = None
     back_attrs: Optional[dict] = None
     # Captured back half (kv_sharing_fast_prefill_graph) that runs these rows,
     # or None: eager, with back_attrs.
     graphs: Optional[object] = None
+    # The pass's batch, from which the graphs stage their rows at back-half time.
+    source: Optional[ForwardBatch] = None
 
 
 def fast_prefill_skip_reason(
@@ -222,10 +224,10 @@ def plan_fast_prefill(
     if plan.num_reqs > 0:
         backend = get_attn_backend()
         if graphs is not None and graphs.can_run(plan.num_reqs):
-            # Captured only where the back half is decode-shaped; the graph
-            # builds its metadata in its own backend.
-            plan.graphs = graphs
-            plan.batch = make_back_half_batch(forward_batch, plan)
+            # Captured only where the back half is decode-shaped. The graph
+            # stages its rows and metadata when the back half starts, where the
+            # host runs ahead of the GPU, not here, where layer 0 waits on it.
+            plan.graphs, plan.source = graphs, forward_batch
             return plan
         plan.batch = make_back_half_batch(
             forward_batch, plan, extend_shaped=_extend_shaped_back_half(backend)
@@ -416,6 +418,7 @@ def run_back_half(
             h = plan.graphs.run(plan, hidden_states, per_layer_inputs)
             return hidden_states.index_copy(0, rows, h)
         # The graphs were captured without these layer arguments: run eager.
+        plan.batch = make_back_half_batch(plan.source, plan)
         plan.back_attrs = build_back_half_metadata(
             get_attn_backend(), plan.batch, plan.prefix_lens_cpu
         )

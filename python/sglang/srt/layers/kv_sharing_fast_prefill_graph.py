@@ -172,14 +172,15 @@ class BackHalfCudaGraphs:
         """The back-half rows of ``plan``, computed by the graph of its bucket."""
         n = plan.num_reqs
         bs = bucket_for(self.buckets, n)
-        rows, back = plan.token_index, plan.batch
+        rows, reqs, src = plan.token_index, plan.req_index, plan.source
         torch.index_select(hidden_states, 0, rows, out=self.hidden[:n])
         if self.ple is not None:
             self.ple[:n].copy_(per_layer_inputs[:, self.first : self.end].index_select(0, rows))
-        self.positions[:n].copy_(back.positions)
-        self.req_pool_indices[:n].copy_(back.req_pool_indices)
-        self.seq_lens[:n].copy_(back.seq_lens)
-        self.out_cache_loc[:n].copy_(back.out_cache_loc)
+        # Each kept request's last token: a decode step's geometry.
+        self.positions[:n].copy_(src.positions.index_select(0, rows))
+        self.req_pool_indices[:n].copy_(src.req_pool_indices.index_select(0, reqs))
+        self.seq_lens[:n].copy_(src.seq_lens.index_select(0, reqs))
+        self.out_cache_loc[:n].copy_(src.out_cache_loc.index_select(0, rows))
         pad = bs - n
         if pad:  # padding rows: a one-token sequence of request slot 0
             self.req_pool_indices[n:bs].zero_()
