@@ -57,6 +57,8 @@
 #      against the ceiling, one forward, back half in its graphs
 #   PZ2 [e4b|e2b] patch 0029 and the graphs' lazy staging against the legacy plan (bench hook) and the
 #      ceiling, one call per model, processes alternated (forward_bench --rounds 2)
+#   PW E2B then E4B 4096 x 1 against the ceiling with the current plan, three processes per mode
+#   PE2 E2B 1024 / 2048 x 8 against the ceiling, engine-level (prefill_bench), the current plan
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
@@ -413,6 +415,20 @@ PZ2)
   gpu 0 timeout 560 python3 $B/forward_bench.py $res/forward_${v}_ab.json --variant $v \
     --modes on-all,on-all-legacy,ceiling $pts --repeats 6 --rounds 2 --graphs > $res/forward_${v}_ab.log 2>&1
   grep -h "^ROW\|BENCH_YOCO_LEGACY_PLAN" $res/forward_${v}_ab.log | sort | uniq -c
+  ;;
+PW)
+  # batch 1 at 4096 tokens with the current plan, three processes per mode alternated: E2B (90.5 % in run 22,
+  # before 0029) then E4B (94.4 % in run 24 from two processes per mode that differed by up to 2.5 ms)
+  for v in e2b e4b; do
+    gpu 0 timeout 280 python3 $B/forward_bench.py $res/forward_${v}_4096.json --variant $v \
+      --modes on-all,ceiling --batches 1 --lens 4096 --repeats 6 --rounds 3 --graphs > $res/forward_${v}_4096.log 2>&1
+  done
+  grep -h "^ROW" $res/forward_*_4096.log
+  ;;
+PE2)
+  # E2B 1024 / 2048 x 8 engine-level (as served) with the current plan: run 20 read 94.9 % / 95.9 % there
+  gpu 0 timeout 280 python3 $B/prefill_bench.py $res/prefill_e2b_batch8.json --variant e2b \
+    --modes on-all,ceiling --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_batch8.log 2>&1
   ;;
 PB)
   # 95 % of the ceiling at batch 1 from 1k tokens (run 3 read 91 % at 4096 x 1 beside another job; 1k-2k x 1
