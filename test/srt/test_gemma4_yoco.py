@@ -216,6 +216,63 @@ def test_plan_with_only_an_unfinished_chunk_runs_no_back_half(monkeypatch):
     assert yoco.run_back_half([], plan, 8, h, None) is h
 
 
+# ---------------------------------------------------------------- per-layer inputs
+
+
+def _ple_model(layers, dim, hidden, seed=0):
+    """The patched Gemma4TextModel's per-layer-input methods on a stand-in model:
+    bf16, a real RMSNorm, the projection GEMM as a matmul."""
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.models.gemma4_causal import Gemma4TextModel
+
+    g = torch.Generator().manual_seed(seed)
+    norm = RMSNorm(dim, 1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim, generator=g))
+    w = torch.randn(layers * dim, hidden, generator=g).to(torch.bfloat16)
+    m = types.SimpleNamespace(
+        per_layer_model_projection=lambda x: (x @ w.t(), None),
+        per_layer_projection_scale=torch.tensor(hidden**-0.5),
+        per_layer_projection_norm=norm,
+        per_layer_input_scale=torch.rsqrt(torch.tensor(2.0)),
+        hidden_size_per_layer_input=dim,
+        config=types.SimpleNamespace(num_hidden_layers=layers),
+    )
+    m._combine_per_layer_inputs = types.MethodType(Gemma4TextModel._combine_per_layer_inputs, m)
+    return m, lambda *a: Gemma4TextModel.project_per_layer_inputs(m, *a)
+
+
+@pytest.mark.parametrize("with_embeddings", [True, False])
+def test_per_layer_inputs_of_the_back_half_only_on_its_rows(monkeypatch, with_embeddings):
+    """With a plan, the model finishes the per-layer inputs of the back half's
+    layers for the plan's rows only, the front layers' for every row: bit for
+    bit the full computation's values there (bf16). An unfinished chunk's plan
+    gets none."""
+    monkeypatch.setattr(yoco, "get_attn_backend", make_torch_native_backend)
+    layers, dim, hidden = 8, 16, 24
+    _, project = _ple_model(layers, dim, hidden)
+    fb = make_batch([5, 1, 9, 3], prefix_lens=[0, 4, 2, 0], orig_extra=[0, 0, 0, 7])
+    n_tok = sum(fb.extend_seq_lens_cpu)
+    g = torch.Generator().manual_seed(1)
+    emb = torch.randn(n_tok, hidden, generator=g).to(torch.bfloat16)
+    raw = torch.randn(n_tok, layers, dim, generator=g).to(torch.bfloat16) if with_embeddings else None
+    full = project(emb, raw)
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    front = project(emb, raw, plan)
+    rows = plan.token_index
+    assert rows.tolist() == [4, 5, 14]  # request 3 is an unfinished chunk
+    assert torch.equal(front, full[:, :FIRST_SHARED])
+    assert torch.equal(plan.back_per_layer_inputs, full[rows, FIRST_SHARED:])
+    # what the back half reads: the plan's own rows, not the pass's tensor
+    assert yoco.back_half_per_layer_inputs(plan, None) is plan.back_per_layer_inputs
+    assert torch.equal(yoco.back_half_per_layer_inputs(_plan_all(fb), full)[:3], full[[4, 5, 14], FIRST_SHARED:])
+
+    chunk = yoco.plan_fast_prefill(make_batch([6], orig_extra=[9]), FIRST_SHARED)
+    assert chunk.num_reqs == 0
+    front = project(emb[:6], raw[:6] if raw is not None else None, chunk)
+    assert torch.equal(front, full[:6, :FIRST_SHARED]) and chunk.back_per_layer_inputs is None
+
+
 # ---------------------------------------------------------------- metadata
 
 

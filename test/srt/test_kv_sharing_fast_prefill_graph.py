@@ -138,6 +138,11 @@ def test_graph_replay_equals_the_eager_back_half(monkeypatch, reqs):
     assert plan.graphs is graphs and plan.back_attrs is None and plan.batch is None
     got = yoco.run_back_half(layers, plan, END, hidden, ple)
     assert torch.equal(got, want)
+    # the model's path (patch 0030): the plan carries the back half's per-layer
+    # inputs for its rows, and the pass's tensor is not read
+    for p in (plan, eager):
+        p.back_per_layer_inputs = ple[:, FIRST_SHARED:].index_select(0, p.token_index)
+        assert torch.equal(yoco.run_back_half(layers, p, END, hidden, None), want)
 
     # the replay ran the bucket's graph over padded geometry: one-token rows of slot 0
     n, bs = plan.num_reqs, kg.bucket_for(graphs.buckets, plan.num_reqs)

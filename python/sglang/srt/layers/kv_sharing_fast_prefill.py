@@ -25,6 +25,10 @@ nothing else is cached). So the back half runs on one token per request:
   3. The model scatters the rows back, so the final norm, LogitsProcessor and
      LAST hidden capture see exactly what the full computation produces there.
 
+Gemma-4's per-layer inputs (PLE) are computed before layer 0 for every layer;
+``per_layer_inputs_for_plan`` finishes the back half's layers' share for its
+rows only (the plan is made before the embedding for that).
+
 KV-cache writes are unchanged: the front half writes every token, the back half
 writes nothing.
 """
@@ -35,7 +39,7 @@ import copy
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -99,6 +103,9 @@ class FastPrefillPlan:
     graphs: Optional[object] = None
     # The pass's batch, from which the graphs stage their rows at back-half time.
     source: Optional[ForwardBatch] = None
+    # Per-layer inputs (Gemma-4 PLE) of the back half's layers for its rows,
+    # [num_reqs, layers from first_shared_layer, dim] (per_layer_inputs_for_plan).
+    back_per_layer_inputs: Optional[torch.Tensor] = None
 
 
 def fast_prefill_skip_reason(
@@ -385,6 +392,50 @@ def build_back_half_metadata(
             setattr(backend, name, value)
 
 
+def per_layer_inputs_for_plan(
+    plan: FastPrefillPlan,
+    projection: torch.Tensor,
+    per_layer_inputs: Optional[torch.Tensor],
+    combine: Callable,
+) -> torch.Tensor:
+    """Gemma-4's per-layer inputs for a fast-prefill pass.
+
+    ``projection`` [tokens, layers, dim] is the model's projection GEMM as the
+    full pass computes it (every row, every layer: a GEMM of another shape could
+    round differently). ``combine`` is the model's rest: a scale, a norm over
+    each ``dim``-wide vector, the sum with the token's own per-layer embedding
+    (``per_layer_inputs``, same layout, or None). Each value of it depends only
+    on its own vector, so it runs for the front layers on every row and for the
+    back half's layers on the plan's rows only, with the full pass's bits.
+    Returns the front layers' inputs; the back half's go to the plan."""
+    first = plan.first_shared_layer
+    front = combine(
+        projection[:, :first],
+        per_layer_inputs[:, :first] if per_layer_inputs is not None else None,
+    )
+    if plan.num_reqs:
+        rows = plan.token_index
+        plan.back_per_layer_inputs = combine(
+            projection[:, first:].index_select(0, rows),
+            per_layer_inputs[:, first:].index_select(0, rows)
+            if per_layer_inputs is not None
+            else None,
+        )
+    return front
+
+
+def back_half_per_layer_inputs(
+    plan: FastPrefillPlan, per_layer_inputs: Optional[torch.Tensor]
+) -> Optional[torch.Tensor]:
+    """The back half's per-layer inputs [rows, layers from the first shared
+    one, dim]: the plan's own, else taken from the pass's [tokens, layers, dim]."""
+    if plan.back_per_layer_inputs is not None:
+        return plan.back_per_layer_inputs
+    if per_layer_inputs is None:
+        return None
+    return per_layer_inputs[:, plan.first_shared_layer :].index_select(0, plan.token_index)
+
+
 @contextmanager
 def back_half_attention(backend, back_attrs: dict) -> Iterator[None]:
     """Swap the back-half metadata in for the KV-shared layers; restore on exit."""
@@ -409,7 +460,8 @@ def run_back_half(
     """Run layers [first_shared_layer, end_layer) on the planned rows only, with
     the plan's batch (positions, metadata), and return ``hidden_states`` with
     those rows replaced (out of place: the input may also be a captured aux
-    hidden state)."""
+    hidden state). ``per_layer_inputs``: the pass's [tokens, layers, dim], read
+    only where the plan carries no back-half inputs of its own."""
     if plan.num_reqs == 0:
         return hidden_states
     rows = plan.token_index
@@ -423,13 +475,14 @@ def run_back_half(
             get_attn_backend(), plan.batch, plan.prefix_lens_cpu
         )
     h = hidden_states.index_select(0, rows)
-    ple = per_layer_inputs.index_select(0, rows) if per_layer_inputs is not None else None
+    ple = back_half_per_layer_inputs(plan, per_layer_inputs)
+    first = plan.first_shared_layer
     with back_half_attention(get_attn_backend(), plan.back_attrs):
-        for layer_idx in range(plan.first_shared_layer, end_layer):
+        for layer_idx in range(first, end_layer):
             h, _ = layers[layer_idx](
                 positions=plan.batch.positions,
                 hidden_states=h,
-                per_layer_input=ple[:, layer_idx, :] if ple is not None else None,
+                per_layer_input=ple[:, layer_idx - first, :] if ple is not None else None,
                 forward_batch=plan.batch,
                 **kwargs,
             )
