@@ -213,7 +213,7 @@ def test_plan_with_only_an_unfinished_chunk_runs_no_back_half(monkeypatch):
     plan = yoco.plan_fast_prefill(make_batch([64], orig_extra=[100]), FIRST_SHARED)
     assert plan.num_reqs == 0 and plan.batch is None
     h = torch.randn(64, 8)
-    assert yoco.run_back_half([], plan, 8, h, None) is h
+    assert yoco.run_back_half([], plan, 8, h) is h
 
 
 # ---------------------------------------------------------------- per-layer inputs
@@ -263,9 +263,6 @@ def test_per_layer_inputs_of_the_back_half_only_on_its_rows(monkeypatch, with_em
     assert rows.tolist() == [4, 5, 14]  # request 3 is an unfinished chunk
     assert torch.equal(front, full[:, :FIRST_SHARED])
     assert torch.equal(plan.back_per_layer_inputs, full[rows, FIRST_SHARED:])
-    # what the back half reads: the plan's own rows, not the pass's tensor
-    assert yoco.back_half_per_layer_inputs(plan, None) is plan.back_per_layer_inputs
-    assert torch.equal(yoco.back_half_per_layer_inputs(_plan_all(fb), full)[:3], full[[4, 5, 14], FIRST_SHARED:])
 
     chunk = yoco.plan_fast_prefill(make_batch([6], orig_extra=[9]), FIRST_SHARED)
     assert chunk.num_reqs == 0

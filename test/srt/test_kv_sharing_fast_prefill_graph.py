@@ -87,6 +87,14 @@ def make_graphs(backend=None, max_bs=8, layers=None):
     return g
 
 
+def with_ple(plan, ple):
+    """The plan as the model hands it to the back half: the per-layer inputs of
+    the back half's layers for its rows (per_layer_inputs_for_plan, with the
+    model's scale and norm left out)."""
+    yoco.per_layer_inputs_for_plan(plan, ple, None, lambda projection, _: projection)
+    return plan
+
+
 def test_buckets():
     assert kg.bucket_for(kg.BUCKETS, 1) == 1
     assert kg.bucket_for(kg.BUCKETS, 3) == 4
@@ -121,7 +129,7 @@ def test_graph_replay_equals_the_eager_back_half(monkeypatch, reqs):
     if eager is None:  # no request with more than one new token: full pass
         assert yoco.plan_fast_prefill(fb, FIRST_SHARED, graphs=make_graphs()) is None
         return
-    want = yoco.run_back_half(layers, eager, END, hidden, ple)
+    want = yoco.run_back_half(layers, with_ple(eager, ple), END, hidden)
 
     graphs = make_graphs(layers=layers)
     # stale values from an earlier, larger pass must not leak into this one
@@ -129,20 +137,15 @@ def test_graph_replay_equals_the_eager_back_half(monkeypatch, reqs):
     graphs.seq_lens.fill_(99)
     plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, graphs=graphs)
     if eager.num_reqs == 0:
-        assert plan.graphs is None and yoco.run_back_half(layers, plan, END, hidden, ple) is hidden
+        assert plan.graphs is None and yoco.run_back_half(layers, plan, END, hidden) is hidden
         return
     if eager.num_reqs > graphs.max_bs:  # more rows than the largest graph: eager
         assert plan.graphs is None and plan.back_attrs is not None
         return
     # nothing built before the front half: the graph stages its rows at back-half time
     assert plan.graphs is graphs and plan.back_attrs is None and plan.batch is None
-    got = yoco.run_back_half(layers, plan, END, hidden, ple)
+    got = yoco.run_back_half(layers, with_ple(plan, ple), END, hidden)
     assert torch.equal(got, want)
-    # the model's path (patch 0030): the plan carries the back half's per-layer
-    # inputs for its rows, and the pass's tensor is not read
-    for p in (plan, eager):
-        p.back_per_layer_inputs = ple[:, FIRST_SHARED:].index_select(0, p.token_index)
-        assert torch.equal(yoco.run_back_half(layers, p, END, hidden, None), want)
 
     # the replay ran the bucket's graph over padded geometry: one-token rows of slot 0
     n, bs = plan.num_reqs, kg.bucket_for(graphs.buckets, plan.num_reqs)
@@ -166,11 +169,11 @@ def test_layer_arguments_the_graph_lacks_run_eager(monkeypatch):
     layers = torch.nn.ModuleList(KwargLayer(i) for i in range(END))
     hidden = torch.randn(8, HIDDEN, dtype=torch.float64)
     ple = torch.randn(8, END, PLE, dtype=torch.float64)
-    got = yoco.run_back_half(layers, plan, END, hidden, ple, extra="x")
+    got = yoco.run_back_half(layers, with_ple(plan, ple), END, hidden, extra="x")
     assert seen == ["x"] * (END - FIRST_SHARED)  # the eager layers got it
     assert graphs.backend.calls == []  # no replay
     # built from the pass's batch at back-half time, as the eager plan builds it
-    want = yoco.run_back_half(layers, yoco.plan_fast_prefill(fb, FIRST_SHARED), END, hidden, ple)
+    want = yoco.run_back_half(layers, with_ple(yoco.plan_fast_prefill(fb, FIRST_SHARED), ple), END, hidden)
     assert plan.batch.batch_size == 2 and torch.equal(got, want)
 
 
@@ -206,7 +209,7 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     plan.source, plan.graphs = fb, graphs
     hidden = torch.zeros(sum(ext), HIDDEN, dtype=torch.float64)
     ple = torch.zeros(sum(ext), END, PLE, dtype=torch.float64)
-    yoco.run_back_half(graphs.layers, plan, END, hidden, ple)  # stages, fills, replays
+    yoco.run_back_half(graphs.layers, with_ple(plan, ple), END, hidden)  # stages, fills, replays
     got = graph_be.forward_metadata
 
     for indptr, indices in (("kv_indptr", "kv_indices"), ("window_kv_indptr", "window_kv_indices")):

@@ -424,18 +424,6 @@ def per_layer_inputs_for_plan(
     return front
 
 
-def back_half_per_layer_inputs(
-    plan: FastPrefillPlan, per_layer_inputs: Optional[torch.Tensor]
-) -> Optional[torch.Tensor]:
-    """The back half's per-layer inputs [rows, layers from the first shared
-    one, dim]: the plan's own, else taken from the pass's [tokens, layers, dim]."""
-    if plan.back_per_layer_inputs is not None:
-        return plan.back_per_layer_inputs
-    if per_layer_inputs is None:
-        return None
-    return per_layer_inputs[:, plan.first_shared_layer :].index_select(0, plan.token_index)
-
-
 @contextmanager
 def back_half_attention(backend, back_attrs: dict) -> Iterator[None]:
     """Swap the back-half metadata in for the KV-shared layers; restore on exit."""
@@ -454,20 +442,18 @@ def run_back_half(
     plan: FastPrefillPlan,
     end_layer: int,
     hidden_states: torch.Tensor,
-    per_layer_inputs: Optional[torch.Tensor],
     **kwargs,
 ) -> torch.Tensor:
     """Run layers [first_shared_layer, end_layer) on the planned rows only, with
-    the plan's batch (positions, metadata), and return ``hidden_states`` with
-    those rows replaced (out of place: the input may also be a captured aux
-    hidden state). ``per_layer_inputs``: the pass's [tokens, layers, dim], read
-    only where the plan carries no back-half inputs of its own."""
+    the plan's batch (positions, metadata) and per-layer inputs, and return
+    ``hidden_states`` with those rows replaced (out of place: the input may also
+    be a captured aux hidden state)."""
     if plan.num_reqs == 0:
         return hidden_states
     rows = plan.token_index
     if plan.graphs is not None:
         if not kwargs:
-            h = plan.graphs.run(plan, hidden_states, per_layer_inputs)
+            h = plan.graphs.run(plan, hidden_states)
             return hidden_states.index_copy(0, rows, h)
         # The graphs were captured without these layer arguments: run eager.
         plan.batch = make_back_half_batch(plan.source, plan)
@@ -475,8 +461,7 @@ def run_back_half(
             get_attn_backend(), plan.batch, plan.prefix_lens_cpu
         )
     h = hidden_states.index_select(0, rows)
-    ple = back_half_per_layer_inputs(plan, per_layer_inputs)
-    first = plan.first_shared_layer
+    ple, first = plan.back_per_layer_inputs, plan.first_shared_layer
     with back_half_attention(get_attn_backend(), plan.back_attrs):
         for layer_idx in range(first, end_layer):
             h, _ = layers[layer_idx](

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
-from sglang.srt.layers.kv_sharing_fast_prefill import back_half_per_layer_inputs
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -168,7 +167,6 @@ class BackHalfCudaGraphs:
         self,
         plan: FastPrefillPlan,
         hidden_states: torch.Tensor,
-        per_layer_inputs: Optional[torch.Tensor],
     ) -> torch.Tensor:
         """The back-half rows of ``plan``, computed by the graph of its bucket."""
         n = plan.num_reqs
@@ -176,8 +174,7 @@ class BackHalfCudaGraphs:
         rows, reqs, src = plan.token_index, plan.req_index, plan.source
         torch.index_select(hidden_states, 0, rows, out=self.hidden[:n])
         if self.ple is not None:
-            ple = back_half_per_layer_inputs(plan, per_layer_inputs)
-            self.ple[:n].copy_(ple[:, : self.end - self.first])
+            self.ple[:n].copy_(plan.back_per_layer_inputs)
         # Each kept request's last token: a decode step's geometry.
         self.positions[:n].copy_(src.positions.index_select(0, rows))
         self.req_pool_indices[:n].copy_(src.req_pool_indices.index_select(0, reqs))
