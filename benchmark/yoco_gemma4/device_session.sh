@@ -60,7 +60,7 @@
 #   PW E2B then E4B 4096 x 1 against the ceiling with the current plan, three processes per mode
 #   PE2 E2B 1024 / 2048 x 8 against the ceiling, engine-level (prefill_bench), the current plan
 #   PQ patch 0030 exactness: YOCO-on outputs with .device/overlay-base (before 0030) against this overlay,
-#      compare_parity.py; then PE2
+#      compare_outputs.py --run on_a; then PE2
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
@@ -441,7 +441,7 @@ PQ)
     --prompts 200 --max-len 8000 --on-only > $res/parity_on_base.log 2>&1
   gpu 0 timeout 240 python3 $B/parity_check.py $res/parity_on_new.json --variant e4b \
     --prompts 200 --max-len 8000 --on-only > $res/parity_on_new.log 2>&1
-  python3 $B/compare_parity.py $res/parity_on_base.json $res/parity_on_new.json
+  python3 benchmark/frozen_kv_mtp/compare_outputs.py $res/parity_on_base.json $res/parity_on_new.json --run on_a
   gpu 0 timeout 250 python3 $B/prefill_bench.py $res/prefill_e2b_batch8.json --variant e2b \
     --modes on-all,ceiling --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_batch8.log 2>&1
   ;;

@@ -10,7 +10,8 @@ Reports how many outputs are byte-identical (on vs off-A), and the largest
 first-token top-5 logprob difference on vs off-A next to off-A vs off-B
 (what batch composition alone changes).
 --on-only serves YOCO on with batch mix A alone: two code versions' results, compared
-with compare_parity.py, say whether a change kept the fast path's outputs bit for bit.
+with `benchmark/frozen_kv_mtp/compare_outputs.py --run on_a`, say whether a change kept
+the fast path's outputs bit for bit.
 """
 
 import argparse
@@ -106,7 +107,7 @@ def main():
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--extra", default="{}", help="JSON of engine kwargs for every run, e.g. deterministic inference")
-    ap.add_argument("--on-only", action="store_true", help="YOCO on, batch mix A only (compare_parity.py)")
+    ap.add_argument("--on-only", action="store_true", help="YOCO on, batch mix A only (compare_outputs.py --run on_a)")
     a = ap.parse_args()
     extra = json.loads(a.extra)
     model = write_text_checkpoint(os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt") + f"/{a.variant}", a.variant)

@@ -484,10 +484,10 @@ def test_compare_outputs_of_two_code_versions(tmp_path):
     assert proc.returncode == 1
 
 
-def test_compare_parity_of_two_code_versions(tmp_path):
-    """compare_parity.py: YOCO-on ids and first-token top-5 logprobs of two
-    parity_check.py --on-only results, request by request and to the bit; the first
-    differing token of each mismatch; exit 1 for results of other prompts."""
+def test_compare_parity_results_of_two_code_versions(tmp_path):
+    """compare_outputs.py --run on_a: YOCO-on ids and first-token top-5 logprobs of
+    two parity_check.py --on-only results, request by request and to the bit; the
+    first differing token of each mismatch; exit 1 for results of other prompts."""
     import json
     import subprocess
 
@@ -496,17 +496,18 @@ def test_compare_parity_of_two_code_versions(tmp_path):
         return {"summary": summary, "on_a": [{"ids": i, "top5": t} for i, t in runs]}
 
     top = [[-0.25, 7], [-1.5, 9]]
-    script = os.path.join(ROOT, "benchmark", "yoco_gemma4", "compare_parity.py")
+    script = os.path.join(ROOT, "benchmark", "frozen_kv_mtp", "compare_outputs.py")
     base, new, other = tmp_path / "base.json", tmp_path / "new.json", tmp_path / "other.json"
     base.write_text(json.dumps(result([([1, 2, 3], top), ([4, 5], top), ([6], top)])))
     new.write_text(json.dumps(result([([1, 2, 3], top), ([4, 8], top), ([6], [[-0.25000001, 7], [-1.5, 9]])])))
     other.write_text(json.dumps(result([([1, 2, 3], top)], prompts=1)))
-    proc = subprocess.run([sys.executable, script, str(base), str(new)], capture_output=True, text=True)
+    run = ["--run", "on_a"]
+    proc = subprocess.run([sys.executable, script, str(base), str(new), *run], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.split("SUMMARY ", 1)[1])
     assert (out["identical_ids"], out["identical_top5"]) == (2, 2)
     assert out["first_differing_token"] == [1] and out["same_prompts"]
-    proc = subprocess.run([sys.executable, script, str(base), str(other)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, script, str(base), str(other), *run], capture_output=True, text=True)
     assert proc.returncode == 1
 
 
