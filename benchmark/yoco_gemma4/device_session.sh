@@ -60,7 +60,7 @@
 #   PW E2B then E4B 4096 x 1 against the ceiling with the current plan, three processes per mode
 #   PE2 E2B 1024 / 2048 x 8 against the ceiling, engine-level (prefill_bench), the current plan
 #   PQ patch 0030 exactness: YOCO-on outputs with .device/overlay-base (before 0030) against this overlay,
-#      compare_outputs.py --run on_a; then PE2
+#      compare_outputs.py --run on_a (then call PE2 for its speed)
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
 #   MK/MKbase patch 0027 A/B at E4B chat 80 (stock adaptive MTP, an empty Triton cache per server,
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
@@ -430,14 +430,15 @@ PW)
 PQ)
   # patch 0030 (the back half's per-layer inputs on its rows only) must keep YOCO's outputs to the bit:
   # YOCO on, default mode (back half in its graphs), 200 prompts up to 8000 tokens, with .device/overlay-base
-  # (the fork before 0030) and then with this overlay, both on GPU 0; then PE2's call (its speed), below
+  # (the fork before 0030) and then with this overlay, both on GPU 0; its speed is PE2's call, a call of its own
+  # (the three together can pass the device tool's 600 s per call on a fresh machine)
   base_site
   PYTHONPATH=/tmp/site-base gpu 0 timeout 240 python3 $B/parity_check.py $res/parity_on_base.json --variant e4b \
     --prompts 200 --max-len 8000 --on-only > $res/parity_on_base.log 2>&1
   gpu 0 timeout 240 python3 $B/parity_check.py $res/parity_on_new.json --variant e4b \
     --prompts 200 --max-len 8000 --on-only > $res/parity_on_new.log 2>&1
   python3 benchmark/frozen_kv_mtp/compare_outputs.py $res/parity_on_base.json $res/parity_on_new.json --run on_a
-  ;&  # then PE2's call
+  ;;
 PE2)
   # E2B 1024 / 2048 x 8 engine-level (as served) with the current plan: run 20 read 94.9 % / 95.9 % there
   gpu 0 timeout 280 python3 $B/prefill_bench.py $res/prefill_e2b_batch8.json --variant e2b \
