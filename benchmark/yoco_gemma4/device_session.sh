@@ -59,6 +59,7 @@
 #      ceiling, one call per model, processes alternated (forward_bench --rounds 2)
 #   PW E2B then E4B 4096 x 1 against the ceiling with the current plan, three processes per mode
 #   PE2 E2B 1024 / 2048 x 8 against the ceiling, engine-level (prefill_bench), the current plan
+#   PQ2 0030's speed: before (.device/overlay-base) and after, engine-level E2B batch 8, processes alternated
 #   PQ patch 0030 exactness: YOCO-on outputs with .device/overlay-base (before 0030) against this overlay,
 #      compare_outputs.py --run on_a (then call PE2 for its speed)
 #   PX E4B short passes as one forward without a server, with the back-half graphs (forward_bench --graphs)
@@ -438,6 +439,22 @@ PQ)
   gpu 0 timeout 240 python3 $B/parity_check.py $res/parity_on_new.json --variant e4b \
     --prompts 200 --max-len 8000 --on-only > $res/parity_on_new.log 2>&1
   python3 benchmark/frozen_kv_mtp/compare_outputs.py $res/parity_on_base.json $res/parity_on_new.json --run on_a
+  ;;
+PQ2)
+  # 0030's speed against the fork before it (.device/overlay-base), engine-level as PE2, processes alternated
+  # base, new, base, new (each process runs at its own speed), then the ceiling once
+  base_site
+  for r in 1 2; do
+    PYTHONPATH=/tmp/site-base gpu 0 timeout 140 python3 $B/prefill_bench.py $res/prefill_e2b_base_r$r.json --variant e2b \
+      --modes on-all --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_base_r$r.log 2>&1
+    gpu 0 timeout 140 python3 $B/prefill_bench.py $res/prefill_e2b_new_r$r.json --variant e2b \
+      --modes on-all --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_new_r$r.log 2>&1
+  done
+  gpu 0 timeout 140 python3 $B/prefill_bench.py $res/prefill_e2b_ceiling.json --variant e2b \
+    --modes ceiling --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_ceiling.log 2>&1
+  for f in $res/prefill_e2b_*.log; do echo "$(basename $f) $(grep -h '^RESULT' $f | python3 -c '
+import json, sys
+print(" ".join("%dx%d %.2f" % (r["len"], r["batch"], 1e3 * r["median_s"]) for r in map(json.loads, (l[7:] for l in sys.stdin))))')"; done
   ;;
 PE2)
   # E2B 1024 / 2048 x 8 engine-level (as served) with the current plan: run 20 read 94.9 % / 95.9 % there
