@@ -59,6 +59,7 @@
 #      ceiling, one call per model, processes alternated (forward_bench --rounds 2)
 #   PW E2B then E4B 4096 x 1 against the ceiling with the current plan, three processes per mode
 #   PE2 E2B 1024 / 2048 x 8 against the ceiling, engine-level (prefill_bench), the current plan
+#   PF2 E2B 4096 x 1 profiled, on-all against the ceiling (next-GPU item 19)
 #   PQ2 0030's speed: before (.device/overlay-base) and after, engine-level E2B batch 8, processes alternated
 #   PQ patch 0030 exactness: YOCO-on outputs with .device/overlay-base (before 0030) against this overlay,
 #      compare_outputs.py --run on_a (then call PE2 for its speed)
@@ -481,6 +482,13 @@ PF)
     --max-new 16 --extra '{"enable_deterministic_inference": true}' --b-extra '{"speculative_adaptive": true}' \
     > $res/mtp_parity_adaptive_det.log 2>&1
   tail -4 $res/mtp_parity_adaptive_det.log | cut -c1-300
+  ;;
+PF2)
+  # E2B 4096 x 1 at 90.6 % of the ceiling (runs 22, 25), unmoved by the host-side changes: where the 2.7 ms go,
+  # one profiled pass per mode with the engine as served (trace_diff.py on the two traces afterwards)
+  gpu 0 timeout 420 python3 $B/prefill_bench.py $res/prefill_e2b_4k_profile.json --variant e2b \
+    --modes on-all,ceiling --points 4096x1 --repeats 5 --profile-point 4096x1 > $res/prefill_e2b_4k_profile.log 2>&1
+  grep -h "^ROW" $res/prefill_e2b_4k_profile.log
   ;;
 PY)
   # PB (run 22) read E4B on-all at 0.75x / 0.97x at 1024 / 2048 x 1 where run 21's PX read 1.33x at 1024 x 1:
