@@ -59,6 +59,7 @@
 #      ceiling, one call per model, processes alternated (forward_bench --rounds 2)
 #   PW E2B then E4B 4096 x 1 against the ceiling with the current plan, three processes per mode
 #   PE2 E2B 1024 / 2048 x 8 against the ceiling, engine-level (prefill_bench), the current plan
+#   PK  E2B 4096 x 1 with 64 KV splits for the decode kernel (the back half's attention) against the default 8
 #   PF2 E2B 4096 x 1 profiled, on-all against the ceiling (next-GPU item 19)
 #   PQ2 0030's speed: before (.device/overlay-base) and after, engine-level E2B batch 8, processes alternated
 #   PQ patch 0030 exactness: YOCO-on outputs with .device/overlay-base (before 0030) against this overlay,
@@ -489,6 +490,17 @@ PF2)
   gpu 0 timeout 420 python3 $B/prefill_bench.py $res/prefill_e2b_4k_profile.json --variant e2b \
     --modes on-all,ceiling --points 4096x1 --repeats 5 --profile-point 4096x1 > $res/prefill_e2b_4k_profile.log 2>&1
   grep -h "^ROW" $res/prefill_e2b_4k_profile.log
+  ;;
+PK)
+  # PF2 (run 25): at E2B 4096 x 1 the back half's one-row decode attention is 0.53 ms of GPU time, 8 CTAs per
+  # layer under the default 8 KV splits. The same forward with --triton-attention-num-kv-splits 64 (the server
+  # flag; the back half's private backend reads it too), then with the default (run 25's PW: 28.97 ms)
+  gpu 0 timeout 160 python3 $B/forward_bench.py $res/forward_e2b_splits64.json --variant e2b --modes on-all \
+    --batches 1 --lens 4096 --repeats 6 --graphs --extra "--triton-attention-num-kv-splits 64" \
+    > $res/forward_e2b_splits64.log 2>&1
+  gpu 0 timeout 75 python3 $B/forward_bench.py $res/forward_e2b_splits8.json --variant e2b --modes on-all \
+    --batches 1 --lens 4096 --repeats 6 --graphs > $res/forward_e2b_splits8.log 2>&1
+  grep -h "^ROW" $res/forward_e2b_splits*.log
   ;;
 PY)
   # PB (run 22) read E4B on-all at 0.75x / 0.97x at 1024 / 2048 x 1 where run 21's PX read 1.33x at 1024 x 1:
