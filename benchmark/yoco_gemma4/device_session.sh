@@ -61,6 +61,7 @@
 #   PE2 E2B 1024 / 2048 x 8 against the ceiling, engine-level (prefill_bench), the current plan
 #   PK  E2B 4096 x 1 with 64 KV splits for the decode kernel (the back half's attention) against the default 8
 #   PF2 E2B 4096 x 1 profiled, on-all against the ceiling (next-GPU item 19)
+#   PS2 0030 on short host-bound passes: E4B 64 / 256 x 1 before and after, alternated
 #   PQ2 0030's speed: before (.device/overlay-base) and after, engine-level E2B batch 8, processes alternated
 #   PQ patch 0030 exactness: YOCO-on outputs with .device/overlay-base (before 0030) against this overlay,
 #      compare_outputs.py --run on_a (then call PE2 for its speed)
@@ -457,6 +458,19 @@ PQ2)
   for f in $res/prefill_e2b_*.log; do echo "$(basename $f) $(grep -h '^RESULT' $f | python3 -c '
 import json, sys
 print(" ".join("%dx%d %.2f" % (r["len"], r["batch"], 1e3 * r["median_s"]) for r in map(json.loads, (l[7:] for l in sys.stdin))))')"; done
+  ;;
+PS2)
+  # 0030 on short, host-bound passes: it trades a copy at back-half time for a second per-layer-input
+  # combine and two row gathers before layer 0 (about six more launches on the host's path). E4B 64 / 256 x 1, one forward per
+  # pass, back half in its graphs, the fork before 0030 (.device/overlay-base) and with it, alternated twice
+  base_site
+  for r in 1 2; do
+    PYTHONPATH=/tmp/site-base gpu 0 timeout 140 python3 $B/forward_bench.py $res/forward_e4b_short_base_r$r.json \
+      --variant e4b --modes on-all --batches 1 --lens 64,256 --repeats 10 --graphs > $res/forward_e4b_short_base_r$r.log 2>&1
+    gpu 0 timeout 140 python3 $B/forward_bench.py $res/forward_e4b_short_new_r$r.json \
+      --variant e4b --modes on-all --batches 1 --lens 64,256 --repeats 10 --graphs > $res/forward_e4b_short_new_r$r.log 2>&1
+  done
+  for f in $res/forward_e4b_short_*.log; do echo "$(basename $f) $(grep -h '^ROW' $f | tr '\n' ' ')"; done
   ;;
 PE2)
   # E2B 1024 / 2048 x 8 engine-level (as served) with the current plan: run 20 read 94.9 % / 95.9 % there
