@@ -21,7 +21,8 @@ nothing else is cached). So the back half runs on one token per request:
      ``_extend_shaped_back_half``).
      Where the model captured its back half at start-up (triton with CUDA
      graphs, ``kv_sharing_fast_prefill_graph``), the decode-shaped step
-     replays that graph instead, with metadata in the graph's own backend.
+     replays that graph instead; its rows and metadata (in the graph's own
+     backend) are staged when the back half starts, not before layer 0.
   3. The model scatters the rows back, so the final norm, LogitsProcessor and
      LAST hidden capture see exactly what the full computation produces there.
 
