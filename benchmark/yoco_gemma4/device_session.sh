@@ -98,6 +98,9 @@ gpu() { local g=$1; shift; CUDA_VISIBLE_DEVICES=$g YOCO_CKPT_DIR=/tmp/ckpt$g "$@
 side_gpu() { [ "$2" = "$1" ] || [ -n "$3" ] && echo 0 || echo 1; }
 # a second site dir with main's files before 0022 (.device/overlay-base), for A/B stages
 base_site() { rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base && cp -r .device/overlay-base/sglang/* /tmp/site-base/sglang/; }
+# Which fork each site runs for the 0030 stages: 1 with 0030 (/tmp/site), 0 before it (/tmp/site-base)
+has_0030() { grep -c "def per_layer_inputs_for_plan" /tmp/site/sglang/srt/layers/kv_sharing_fast_prefill.py \
+  /tmp/site-base/sglang/srt/layers/kv_sharing_fast_prefill.py; }
 
 host_sampler() {
   # every $1 s: host load, GPU clocks, and each SGLang process's allowed CPUs and the CPU it last ran on
@@ -437,6 +440,7 @@ PQ)
   # (the fork before 0030) and then with this overlay, both on GPU 0; its speed is PE2's call, a call of its own
   # (the three together can pass the device tool's 600 s per call on a fresh machine)
   base_site
+  has_0030
   PYTHONPATH=/tmp/site-base gpu 0 timeout 240 python3 $B/parity_check.py $res/parity_on_base.json --variant e4b \
     --prompts 200 --max-len 8000 --on-only > $res/parity_on_base.log 2>&1
   gpu 0 timeout 240 python3 $B/parity_check.py $res/parity_on_new.json --variant e4b \
@@ -447,6 +451,7 @@ PQ2)
   # 0030's speed against the fork before it (.device/overlay-base), engine-level as PE2, processes alternated
   # base, new, base, new (each process runs at its own speed), then the ceiling once
   base_site
+  has_0030
   for r in 1 2; do
     PYTHONPATH=/tmp/site-base gpu 0 timeout 140 python3 $B/prefill_bench.py $res/prefill_e2b_base_r$r.json --variant e2b \
       --modes on-all --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_base_r$r.log 2>&1
@@ -464,6 +469,7 @@ PS2)
   # combine and two row gathers before layer 0 (about six more launches on the host's path). E4B 64 / 256 x 1, one forward per
   # pass, back half in its graphs, the fork before 0030 (.device/overlay-base) and with it, alternated twice
   base_site
+  has_0030
   for r in 1 2; do
     PYTHONPATH=/tmp/site-base gpu 0 timeout 140 python3 $B/forward_bench.py $res/forward_e4b_short_base_r$r.json \
       --variant e4b --modes on-all --batches 1 --lens 64,256 --repeats 10 --graphs > $res/forward_e4b_short_base_r$r.log 2>&1
