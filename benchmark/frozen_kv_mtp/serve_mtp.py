@@ -12,7 +12,10 @@ SGLANG_SIMULATE_ACC_LEN=2.1 (the original study's accept length; --accept-len se
 (FROZEN_KV_MTP's default is 48), `mtp-splitkv-mrr80-adaptive` also --speculative-adaptive,
 `mtp-splitkv-mrr80-adaptive1` the same with stock's adaptive config except 1 draft step,
 not 0, from batch 64 (OUT_DIR/adaptive1.json), `mtp-splitkv-mrr80-adaptive-stocktail` the
-same as `-adaptive` with patch 0028's one-node greedy verify tail off.
+same as `-adaptive` with patch 0028's one-node greedy verify tail off. For the defaults
+(issue item 3): `mtp-splitkv-adaptive` is `-mrr80-adaptive` under FROZEN_KV_MTP's default
+cap of 48 running requests, `mtp-splitkv-mrr80-adaptive-nooverlap` the same with
+--disable-overlap-schedule.
 YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
@@ -40,6 +43,11 @@ MODE_FLAGS = {
         "--triton-attention-split-kv-verify", "--max-running-requests", "80", "--speculative-adaptive",
     ],
 }
+# the defaults FROZEN_KV_MTP sets or keeps: its 48-request cap, overlap scheduling
+MODE_FLAGS["mtp-splitkv-adaptive"] = ["--triton-attention-split-kv-verify", "--speculative-adaptive"]
+MODE_FLAGS["mtp-splitkv-mrr80-adaptive-nooverlap"] = MODE_FLAGS["mtp-splitkv-mrr80-adaptive"] + [
+    "--disable-overlap-schedule"
+]
 # the same flags; its adaptive config file is added in main()
 MODE_FLAGS["mtp-splitkv-mrr80-adaptive1"] = MODE_FLAGS["mtp-splitkv-mrr80-adaptive"]
 # the same flags with patch 0028's one-node greedy verify tail off (A/B)
