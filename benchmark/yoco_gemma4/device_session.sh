@@ -437,8 +437,8 @@ PW)
 PQ)
   # patch 0030 (the back half's per-layer inputs on its rows only) must keep YOCO's outputs to the bit:
   # YOCO on, default mode (back half in its graphs), 200 prompts up to 8000 tokens, with .device/overlay-base
-  # (the fork before 0030) and then with this overlay, both on GPU 0; its speed is PE2's call, a call of its own
-  # (the three together can pass the device tool's 600 s per call on a fresh machine)
+  # (the fork before 0030) and then with this overlay, both on GPU 0. Its speed is PE2's call, a call of its
+  # own: with it, one call can pass the device tool's 600 s on a fresh machine
   base_site
   has_0030
   PYTHONPATH=/tmp/site-base gpu 0 timeout 240 python3 $B/parity_check.py $res/parity_on_base.json --variant e4b \
@@ -466,8 +466,9 @@ print(" ".join("%dx%d %.2f" % (r["len"], r["batch"], 1e3 * r["median_s"]) for r 
   ;;
 PS2)
   # 0030 on short, host-bound passes: it trades a copy at back-half time for a second per-layer-input
-  # combine and two row gathers before layer 0 (about six more launches on the host's path). E4B 64 / 256 x 1, one forward per
-  # pass, back half in its graphs, the fork before 0030 (.device/overlay-base) and with it, alternated twice
+  # combine and two row gathers before layer 0 (about six more launches on the host's path). E4B 64 / 256 x 1,
+  # one forward per pass, back half in its graphs, the fork before 0030 (.device/overlay-base) and with it,
+  # alternated twice
   base_site
   has_0030
   for r in 1 2; do
@@ -506,7 +507,8 @@ PF)
   ;;
 PF2)
   # E2B 4096 x 1 at 90.6 % of the ceiling (runs 22, 25), unmoved by the host-side changes: where the 2.7 ms go,
-  # one profiled pass per mode with the engine as served (trace_diff.py on the two traces afterwards)
+  # one profiled pass per mode with the engine as served (its GPU kernels summed by name afterwards, here:
+  # .humanize/yoco-gemma4/run25/PF2_e2b_4096x1_kernels_on_all_vs_ceiling.txt)
   gpu 0 timeout 420 python3 $B/prefill_bench.py $res/prefill_e2b_4k_profile.json --variant e2b \
     --modes on-all,ceiling --points 4096x1 --repeats 5 --profile-point 4096x1 > $res/prefill_e2b_4k_profile.log 2>&1
   grep -h "^ROW" $res/prefill_e2b_4k_profile.log
