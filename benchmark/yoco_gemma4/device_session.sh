@@ -507,8 +507,7 @@ PF)
   ;;
 PF2)
   # E2B 4096 x 1 at 90.6 % of the ceiling (runs 22, 25), unmoved by the host-side changes: where the 2.7 ms go,
-  # one profiled pass per mode with the engine as served (its GPU kernels summed by name afterwards, here:
-  # .humanize/yoco-gemma4/run25/PF2_e2b_4096x1_kernels_on_all_vs_ceiling.txt)
+  # one profiled pass per mode with the engine as served (afterwards, here: trace_diff.py CEILING ON --gpu)
   gpu 0 timeout 420 python3 $B/prefill_bench.py $res/prefill_e2b_4k_profile.json --variant e2b \
     --modes on-all,ceiling --points 4096x1 --repeats 5 --profile-point 4096x1 > $res/prefill_e2b_4k_profile.log 2>&1
   grep -h "^ROW" $res/prefill_e2b_4k_profile.log

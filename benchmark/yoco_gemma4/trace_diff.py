@@ -1,6 +1,6 @@
-"""Where does one pass spend more host time in trace B than in trace A?
+"""Where does one pass spend more host time (or GPU time) in trace B than in trace A?
 
-    python trace_diff.py OFF.trace.json.gz ON.trace.json.gz [--top 40] [--span step[]
+    python trace_diff.py OFF.trace.json.gz ON.trace.json.gz [--top 40] [--span step[] [--gpu]
 
 Both traces are torch profiler Chrome traces of one forward pass (prefill_bench.py
 --profile-point, or bench_one_batch --profile). Inside the last span whose name starts
@@ -8,6 +8,8 @@ with --span (the scheduler's `step[...]`; empty: the whole trace), the Python fu
 and CPU ops are summed by name (total time, calls; addresses in names are dropped so
 two processes compare), and the names are listed by how much longer B spent in them.
 Inclusive times: a parent and its children both appear.
+With --gpu, the GPU kernels of the whole trace are summed by name instead (kernels run
+after the host span that launched them, so no span bounds them).
 """
 
 import argparse
@@ -36,6 +38,16 @@ def host_time_by_name(path, span_prefix="step["):
     return dict(by)
 
 
+def gpu_time_by_name(path):
+    """{kernel name: [ms, launches]} over the whole trace."""
+    by = defaultdict(lambda: [0.0, 0])
+    for e in load_spans(path):
+        if e.get("cat") == "kernel":
+            by[e["name"][:120]][0] += e["dur"] / 1000
+            by[e["name"][:120]][1] += 1
+    return dict(by)
+
+
 def diff(a, b, top=40):
     """[(extra_ms, (a_ms, a_calls), (b_ms, b_calls), name)], most extra time in b first."""
     rows = []
@@ -52,10 +64,15 @@ def main():
     ap.add_argument("b")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--span", default="step[", help="prefix of the span to look inside; '' = whole trace")
+    ap.add_argument("--gpu", action="store_true", help="GPU kernel time by name, whole trace")
     args = ap.parse_args()
-    for extra, (am, ac), (bm, bc), name in diff(
-        host_time_by_name(args.a, args.span), host_time_by_name(args.b, args.span), args.top
-    ):
+    if args.gpu:
+        a, b = gpu_time_by_name(args.a), gpu_time_by_name(args.b)
+        print(f"A {sum(v[0] for v in a.values()):.3f} ms in {sum(v[1] for v in a.values())} kernels, "
+              f"B {sum(v[0] for v in b.values()):.3f} ms in {sum(v[1] for v in b.values())}")
+    else:
+        a, b = host_time_by_name(args.a, args.span), host_time_by_name(args.b, args.span)
+    for extra, (am, ac), (bm, bc), name in diff(a, b, args.top):
         print(f"{extra:9.3f} ms  A {am:9.3f}/{ac:5d}  B {bm:9.3f}/{bc:5d}  {name}")
 
 

@@ -348,6 +348,46 @@ def test_trace_diff_ranks_host_time_added_inside_the_step(tmp_path):
     assert rows[0][0] == 0.3 and rows[1][1] == (0.5, 1) and rows[1][2] == (0.6, 1)
 
 
+def test_trace_diff_gpu_ranks_kernel_time_added(tmp_path):
+    """trace_diff.py --gpu: GPU kernels summed by name over the whole trace (no span
+    bounds them), B against A; host events do not count."""
+    import gzip
+    import json
+    import subprocess
+
+    from trace_diff import diff, gpu_time_by_name
+
+    def trace(name, events):
+        path = tmp_path / name
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": events}, f)
+        return str(path)
+
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    step = {"ph": "X", "cat": "user_annotation", "name": "step[EXTEND bs=1]", "ts": 0, "dur": 100}
+    a = trace("a.json.gz", [step, kernel("gemm", 50, 400), kernel("norm", 500, 20)])
+    b = trace("b.json.gz", [
+        step, kernel("gemm", 50, 400), kernel("norm", 500, 20), kernel("norm", 900, 30),
+        kernel("stage1", 2000, 250),  # long after the step span
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5000},
+    ])
+    ta, tb = gpu_time_by_name(a), gpu_time_by_name(b)
+    assert "aten::mm" not in tb and tb["norm"][1] == 2 and tb["norm"][0] == pytest.approx(0.05)
+    rows = diff(ta, tb)
+    assert [r[3] for r in rows] == ["stage1", "norm", "gemm"]
+    assert rows[0][0] == pytest.approx(0.25) and rows[0][1] == (0.0, 0) and rows[2][0] == 0.0
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmark", "yoco_gemma4", "trace_diff.py"), a, b, "--gpu"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "A 0.420 ms in 2 kernels, B 0.700 ms in 4"
+    assert lines[1].endswith("stage1") and lines[1].split()[0] == "0.250"
+
+
 def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
     """verify_kernel_bench.py (FROZEN_KV_MTP verify attention: extend kernel vs split-KV
     variants) on its tiny shape under Triton's interpreter: one row per point, and the
