@@ -101,6 +101,16 @@ base_site() { rm -rf /tmp/site-base && cp -a /tmp/site /tmp/site-base && cp -r .
 # Which fork each site runs for the 0030 stages: 1 with 0030 (/tmp/site), 0 before it (/tmp/site-base)
 has_0030() { grep -c "def per_layer_inputs_for_plan" /tmp/site/sglang/srt/layers/kv_sharing_fast_prefill.py \
   /tmp/site-base/sglang/srt/layers/kv_sharing_fast_prefill.py; }
+# base_new_rounds SCRIPT NAME ARGS...: SCRIPT with the fork before 0030, then with this one, twice over (each
+# process runs at its own speed): $res/NAME_{base,new}_r{1,2}.{json,log}
+base_new_rounds() {
+  local script=$1 name=$2 r; shift 2
+  for r in 1 2; do
+    PYTHONPATH=/tmp/site-base gpu 0 timeout 140 python3 $B/$script $res/${name}_base_r$r.json "$@" \
+      > $res/${name}_base_r$r.log 2>&1
+    gpu 0 timeout 140 python3 $B/$script $res/${name}_new_r$r.json "$@" > $res/${name}_new_r$r.log 2>&1
+  done
+}
 
 host_sampler() {
   # every $1 s: host load, GPU clocks, and each SGLang process's allowed CPUs and the CPU it last ran on
@@ -452,12 +462,7 @@ PQ2)
   # base, new, base, new (each process runs at its own speed), then the ceiling once
   base_site
   has_0030
-  for r in 1 2; do
-    PYTHONPATH=/tmp/site-base gpu 0 timeout 140 python3 $B/prefill_bench.py $res/prefill_e2b_base_r$r.json --variant e2b \
-      --modes on-all --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_base_r$r.log 2>&1
-    gpu 0 timeout 140 python3 $B/prefill_bench.py $res/prefill_e2b_new_r$r.json --variant e2b \
-      --modes on-all --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_new_r$r.log 2>&1
-  done
+  base_new_rounds prefill_bench.py prefill_e2b --variant e2b --modes on-all --points 1024x8,2048x8 --repeats 5
   gpu 0 timeout 140 python3 $B/prefill_bench.py $res/prefill_e2b_ceiling.json --variant e2b \
     --modes ceiling --points 1024x8,2048x8 --repeats 5 > $res/prefill_e2b_ceiling.log 2>&1
   for f in $res/prefill_e2b_*.log; do echo "$(basename $f) $(grep -h '^RESULT' $f | python3 -c '
@@ -471,12 +476,8 @@ PS2)
   # alternated twice
   base_site
   has_0030
-  for r in 1 2; do
-    PYTHONPATH=/tmp/site-base gpu 0 timeout 140 python3 $B/forward_bench.py $res/forward_e4b_short_base_r$r.json \
-      --variant e4b --modes on-all --batches 1 --lens 64,256 --repeats 10 --graphs > $res/forward_e4b_short_base_r$r.log 2>&1
-    gpu 0 timeout 140 python3 $B/forward_bench.py $res/forward_e4b_short_new_r$r.json \
-      --variant e4b --modes on-all --batches 1 --lens 64,256 --repeats 10 --graphs > $res/forward_e4b_short_new_r$r.log 2>&1
-  done
+  base_new_rounds forward_bench.py forward_e4b_short --variant e4b --modes on-all --batches 1 --lens 64,256 \
+    --repeats 10 --graphs
   for f in $res/forward_e4b_short_*.log; do echo "$(basename $f) $(grep -h '^ROW' $f | tr '\n' ' ')"; done
   ;;
 PE2)

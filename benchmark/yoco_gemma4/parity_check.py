@@ -113,10 +113,16 @@ def main():
     model = write_text_checkpoint(os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt") + f"/{a.variant}", a.variant)
     prompts = make_prompts(a.prompts, a.max_len, text_config(a.variant)["vocab_size"])
     mix_a, mix_b = batches(len(prompts), 1), batches(len(prompts), 2)
+    summary = {
+        "variant": a.variant,
+        "tp": a.tp,
+        "extra_engine_kwargs": extra,
+        "prompts": len(prompts),
+        "prompt_len_min": min(map(len, prompts)),
+        "prompt_len_max": max(map(len, prompts)),
+    }
     if a.on_only:
         (on_a,) = run(model, True, prompts, [mix_a], a.max_new, a.tp, extra)
-        summary = {"variant": a.variant, "tp": a.tp, "extra_engine_kwargs": extra, "prompts": len(prompts),
-                   "prompt_len_min": min(map(len, prompts)), "prompt_len_max": max(map(len, prompts))}
         print("SUMMARY", json.dumps(summary), flush=True)
         with open(a.out, "w") as f:
             json.dump({"summary": summary, "on_a": on_a}, f)
@@ -128,20 +134,14 @@ def main():
     d_on = diff_stats(off_a, on_a)
     d_off = diff_stats(off_a, off_b)
     distinct = len({t for r in off_a for t in r["ids"]})
-    summary = {
-        "variant": a.variant,
-        "tp": a.tp,
-        "extra_engine_kwargs": extra,
-        "prompts": len(prompts),
-        "prompt_len_min": min(map(len, prompts)),
-        "prompt_len_max": max(map(len, prompts)),
+    summary.update({
         "identical_on_vs_off": same,
         "identical_off_vs_off_other_mix": same_off,
         "first_token_logprob_diff_on_vs_off": d_on,
         "first_token_logprob_diff_off_vs_off_other_mix": d_off,
         "distinct_output_tokens": distinct,
         "mismatched_prompt_lengths": [len(p) for p, x, y in zip(prompts, off_a, on_a) if x["ids"] != y["ids"]],
-    }
+    })
     print("SUMMARY", json.dumps(summary), flush=True)
     with open(a.out, "w") as f:
         json.dump({"summary": summary, "off_a": off_a, "off_b": off_b, "on_a": on_a}, f)

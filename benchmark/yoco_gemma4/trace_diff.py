@@ -43,8 +43,9 @@ def gpu_time_by_name(path):
     by = defaultdict(lambda: [0.0, 0])
     for e in load_spans(path):
         if e.get("cat") == "kernel":
-            by[e["name"][:120]][0] += e["dur"] / 1000
-            by[e["name"][:120]][1] += 1
+            name = e["name"][:120]
+            by[name][0] += e["dur"] / 1000
+            by[name][1] += 1
     return dict(by)
 
 
