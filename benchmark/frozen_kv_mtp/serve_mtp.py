@@ -16,6 +16,9 @@ same as `-adaptive` with patch 0028's one-node greedy verify tail off. For the d
 (issue item 3): `mtp-splitkv-adaptive` is `-mrr80-adaptive` under FROZEN_KV_MTP's default
 cap of 48 running requests, `mtp-splitkv-mrr80-adaptive-nooverlap` the same with
 --disable-overlap-schedule.
+With --profile-at S, each server's torch profiler records --profile-steps scheduler
+steps from S seconds into each measured pass (GPU activity only, so the host is barely
+slowed) to OUT_DIR/trace_MODE_WORKLOAD/; compare two with `trace_diff.py --gpu`.
 YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
@@ -25,6 +28,8 @@ import argparse
 import json
 import os
 import sys
+import threading
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "yoco_gemma4"))
@@ -66,6 +71,23 @@ def adaptive1_config(out_dir):
     return ["--speculative-adaptive-config", path]
 
 
+def profile_later(port, out_dir, delay_s, steps):
+    """on_measured callback: start the server's profiler `delay_s` into the pass, for
+    `steps` scheduler steps (it stops by itself and writes the trace)."""
+    def start():
+        body = json.dumps({"output_dir": out_dir, "num_steps": steps, "activities": ["GPU"],
+                           "with_stack": False}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/start_profile", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=60).read()
+            log(f"serve_mtp: profiling {steps} steps into {out_dir}")
+        except Exception as e:  # a failed profile must not lose the pass's numbers
+            log(f"serve_mtp: start_profile failed: {e!r}")
+
+    threading.Timer(delay_s, start).start()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -89,6 +111,9 @@ def main():
                     help="log each server's Triton compiles with times to OUT/jit_MODE.log (jit_log_site/)")
     ap.add_argument("--no-kernel-warmup", action="store_true",
                     help="MTP servers skip patch 0027's start-up compile of the spec decode kernels (A/B)")
+    ap.add_argument("--profile-at", type=float, default=None,
+                    help="seconds into each measured pass to start the profiler (default: no profile)")
+    ap.add_argument("--profile-steps", type=int, default=20)
     ap.add_argument("--server-extra", default="{}",
                     help='JSON of engine kwargs for every server, e.g. \'{"log_level": "info"}\' (prefill batches in the log)')
     a = ap.parse_args()
@@ -119,8 +144,12 @@ def main():
         if mode.endswith("adaptive1"):
             cmd += adaptive1_config(a.out)
         log(f"serve_mtp: starting server, mode {mode}")
+        on_measured = None
+        if a.profile_at is not None:
+            def on_measured(name, port=port, mode=mode):
+                profile_later(port, os.path.abspath(f"{a.out}/trace_{mode}_{name}"), a.profile_at, a.profile_steps)
         for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode,
-                                 not a.no_warmup, a.warmup_prompts):
+                                 not a.no_warmup, a.warmup_prompts, on_measured):
             r.pop("ttfts_ms", None)
             print("ROW " + json.dumps(r), flush=True)
             rows.append(r)

@@ -70,6 +70,8 @@
 #      compiles logged): MK no speculation + MTP with 0027, then MKbase MTP without it
 #   MT patch 0028 A/B at E4B chat 80, stock adaptive MTP with the one-node greedy verify tail off
 #      (-stocktail) and on, and no speculation; `MT MODES` another order
+#   MQ E4B chat 80, no speculation and stock adaptive MTP (0 steps at batch 80), 20 steps of each
+#      measured pass profiled on the GPU from 4 s in: the 0-step round's GPU time and idle against decode
 #   MP adaptive MTP greedy parity, 0028's tail off (run A) against on (run B), deterministic inference
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
@@ -564,6 +566,17 @@ MT)
     --server-extra '{"log_level": "info"}' > $res/serve_mt.log 2>&1
   grep -h "^ROW" $res/serve_mt.log | cut -c1-400
   kill $sampler
+  ;;
+MQ)
+  # where the 0-step round still loses to a decode step: GPU-only profile of 20 steady steps at batch 80
+  # (the trace export stalls each pass for a moment, so this call's tok/s are not comparable)
+  gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mq --workloads chat \
+    --modes ${2:-nospec,mtp-splitkv-mrr80-adaptive} --profile-at 4 --profile-steps 20 > $res/serve_mq.log 2>&1
+  grep -h "^ROW\|profil" $res/serve_mq.log | cut -c1-300
+  ta=$(ls $res/serve_mq/trace_nospec_chat/*.trace.json* 2>/dev/null | head -1)
+  tb=$(ls $res/serve_mq/trace_mtp-splitkv-mrr80-adaptive_chat/*.trace.json* 2>/dev/null | head -1)
+  [ -n "$ta" ] && [ -n "$tb" ] && python3 $B/trace_diff.py "$ta" "$tb" --gpu --top 40 | tee $res/mq_gpu_diff.txt
+  cp $ta $OUT/mq_nospec.trace.json.gz; cp $tb $OUT/mq_mtp.trace.json.gz
   ;;
 MP)
   # patch 0028's tail must not change a token: adaptive MTP, real acceptance, 200 prompts to 4000 tokens,

@@ -170,9 +170,11 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
     return res
 
 
-def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup=True, warmup_prompts=WARMUP_PROMPTS):
+def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup=True, warmup_prompts=WARMUP_PROMPTS,
+                    on_measured=None):
     """Start one server, run each workload against it in turn, stop it; rows tagged `mode`.
-    With `warmup`, every workload first runs once unmeasured, small (see the docstring)."""
+    With `warmup`, every workload first runs once unmeasured, small (see the docstring).
+    `on_measured(name)`, if given, is called as each measured pass starts (e.g. to profile it)."""
     proc = subprocess.Popen(cmd, env=env)
     rows = []
     try:
@@ -186,6 +188,8 @@ def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup
         for name, inp, outp, n, conc in workloads:
             log(f"serving: {label}, {name} ({inp}/{outp}, {n} prompts, concurrency {conc or 'all'})")
             started = time.time()
+            if on_measured is not None:
+                on_measured(name)
             r = _bench(model, port, name, inp, outp, n, conc, jsonl)
             r["mode"] = mode
             r["started_unix"] = round(started, 3)  # lines the pass up with server-side logs

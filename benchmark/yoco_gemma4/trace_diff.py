@@ -9,7 +9,9 @@ and CPU ops are summed by name (total time, calls; addresses in names are droppe
 two processes compare), and the names are listed by how much longer B spent in them.
 Inclusive times: a parent and its children both appear.
 With --gpu, the GPU kernels of the whole trace are summed by name instead (kernels run
-after the host span that launched them, so no span bounds them).
+after the host span that launched them, so no span bounds them), and each trace's GPU
+span, busy time and idle time (span minus busy) are printed first: idle time between
+CUDA graphs is what a round's extra small launches cost when the GPU paces the loop.
 """
 
 import argparse
@@ -49,6 +51,25 @@ def gpu_time_by_name(path):
     return dict(by)
 
 
+def gpu_busy_idle(path):
+    """(span_ms, busy_ms, idle_ms) of the GPU over the trace: first kernel, memcpy or
+    memset start to last end; busy is the union of their intervals."""
+    iv = sorted((e["ts"], e["ts"] + e["dur"]) for e in load_spans(path)
+                if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    if not iv:
+        return 0.0, 0.0, 0.0
+    busy, (cur_s, cur_e) = 0.0, iv[0]
+    for s, e in iv[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = max(e for _, e in iv) - iv[0][0]
+    return span / 1000, busy / 1000, (span - busy) / 1000
+
+
 def diff(a, b, top=40):
     """[(extra_ms, (a_ms, a_calls), (b_ms, b_calls), name)], most extra time in b first."""
     rows = []
@@ -68,6 +89,9 @@ def main():
     ap.add_argument("--gpu", action="store_true", help="GPU kernel time by name, whole trace")
     args = ap.parse_args()
     if args.gpu:
+        for tag, path in (("A", args.a), ("B", args.b)):
+            span, busy, idle = gpu_busy_idle(path)
+            print(f"{tag} GPU span {span:.3f} ms, busy {busy:.3f} ms, idle {idle:.3f} ms")
         a, b = gpu_time_by_name(args.a), gpu_time_by_name(args.b)
         print(f"A {sum(v[0] for v in a.values()):.3f} ms in {sum(v[1] for v in a.values())} kernels, "
               f"B {sum(v[0] for v in b.values()):.3f} ms in {sum(v[1] for v in b.values())}")

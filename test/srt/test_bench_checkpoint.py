@@ -350,12 +350,13 @@ def test_trace_diff_ranks_host_time_added_inside_the_step(tmp_path):
 
 def test_trace_diff_gpu_ranks_kernel_time_added(tmp_path):
     """trace_diff.py --gpu: GPU kernels summed by name over the whole trace (no span
-    bounds them), B against A; host events do not count."""
+    bounds them), B against A; host events do not count. Each trace's GPU idle time is
+    its kernel/memcpy span minus the union of their intervals."""
     import gzip
     import json
     import subprocess
 
-    from trace_diff import diff, gpu_time_by_name
+    from trace_diff import diff, gpu_busy_idle, gpu_time_by_name
 
     def trace(name, events):
         path = tmp_path / name
@@ -372,20 +373,26 @@ def test_trace_diff_gpu_ranks_kernel_time_added(tmp_path):
         step, kernel("gemm", 50, 400), kernel("norm", 500, 20), kernel("norm", 900, 30),
         kernel("stage1", 2000, 250),  # long after the step span
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5000},
+        # overlaps the gemm's last 10 us: busy grows by 10 us, not 20
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 440, "dur": 20},
     ])
     ta, tb = gpu_time_by_name(a), gpu_time_by_name(b)
     assert "aten::mm" not in tb and tb["norm"][1] == 2 and tb["norm"][0] == pytest.approx(0.05)
     rows = diff(ta, tb)
     assert [r[3] for r in rows] == ["stage1", "norm", "gemm"]
     assert rows[0][0] == pytest.approx(0.25) and rows[0][1] == (0.0, 0) and rows[2][0] == 0.0
+    assert gpu_busy_idle(a) == pytest.approx((0.47, 0.42, 0.05))
+    assert gpu_busy_idle(b) == pytest.approx((2.2, 0.71, 1.49))
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmark", "yoco_gemma4", "trace_diff.py"), a, b, "--gpu"],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "A 0.420 ms in 2 kernels, B 0.700 ms in 4"
-    assert lines[1].endswith("stage1") and lines[1].split()[0] == "0.250"
+    assert lines[0] == "A GPU span 0.470 ms, busy 0.420 ms, idle 0.050 ms"
+    assert lines[1] == "B GPU span 2.200 ms, busy 0.710 ms, idle 1.490 ms"
+    assert lines[2] == "A 0.420 ms in 2 kernels, B 0.700 ms in 4"
+    assert lines[3].endswith("stage1") and lines[3].split()[0] == "0.250"
 
 
 def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
