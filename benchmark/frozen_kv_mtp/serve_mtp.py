@@ -17,8 +17,8 @@ same as `-adaptive` with patch 0028's one-node greedy verify tail off. For the d
 cap of 48 running requests, `mtp-splitkv-mrr80-adaptive-nooverlap` the same with
 --disable-overlap-schedule.
 With --profile-at S, each server's torch profiler records --profile-steps scheduler
-steps from S seconds into each measured pass (GPU activity only, so the host is barely
-slowed) to OUT_DIR/trace_MODE_WORKLOAD/; compare two with `trace_diff.py --gpu`.
+steps from S seconds after all of a measured pass's prompts run, none waiting (GPU
+activity only, so the host is barely slowed) to OUT_DIR/trace_MODE_WORKLOAD/; compare two with `trace_diff.py --gpu`.
 YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import threading
+import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -71,13 +72,30 @@ def adaptive1_config(out_dir):
     return ["--speculative-adaptive-config", path]
 
 
-def profile_later(port, out_dir, delay_s, steps):
-    """on_measured callback: start the server's profiler `delay_s` into the pass, for
-    `steps` scheduler steps (it stops by itself and writes the trace)."""
+def profile_later(port, out_dir, delay_s, steps, running):
+    """on_measured callback: once `running` requests run and none waits (the pass's
+    steady batch), wait `delay_s` more, then profile `steps` scheduler steps (the
+    profiler stops by itself and writes the trace). bench_serving takes seconds to
+    start, so a timer from the pass's start would catch its prefills."""
+    base = f"http://127.0.0.1:{port}"
+
     def start():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                load = json.loads(urllib.request.urlopen(f"{base}/get_load", timeout=10).read())[0]
+                if load["num_waiting_reqs"] == 0 and load["num_reqs"] >= running:
+                    break
+            except Exception:
+                pass
+            time.sleep(0.1)
+        else:
+            log("serve_mtp: the batch never filled; no profile")
+            return
+        time.sleep(delay_s)
         body = json.dumps({"output_dir": out_dir, "num_steps": steps, "activities": ["GPU"],
                            "with_stack": False}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/start_profile", data=body,
+        req = urllib.request.Request(f"{base}/start_profile", data=body,
                                      headers={"Content-Type": "application/json"})
         try:
             urllib.request.urlopen(req, timeout=60).read()
@@ -85,7 +103,7 @@ def profile_later(port, out_dir, delay_s, steps):
         except Exception as e:  # a failed profile must not lose the pass's numbers
             log(f"serve_mtp: start_profile failed: {e!r}")
 
-    threading.Timer(delay_s, start).start()
+    threading.Thread(target=start, daemon=True).start()
 
 
 def main():
@@ -112,7 +130,7 @@ def main():
     ap.add_argument("--no-kernel-warmup", action="store_true",
                     help="MTP servers skip patch 0027's start-up compile of the spec decode kernels (A/B)")
     ap.add_argument("--profile-at", type=float, default=None,
-                    help="seconds into each measured pass to start the profiler (default: no profile)")
+                    help="profile each measured pass this many seconds after all its prompts run (default: none)")
     ap.add_argument("--profile-steps", type=int, default=20)
     ap.add_argument("--server-extra", default="{}",
                     help='JSON of engine kwargs for every server, e.g. \'{"log_level": "info"}\' (prefill batches in the log)')
@@ -147,7 +165,9 @@ def main():
         on_measured = None
         if a.profile_at is not None:
             def on_measured(name, port=port, mode=mode):
-                profile_later(port, os.path.abspath(f"{a.out}/trace_{mode}_{name}"), a.profile_at, a.profile_steps)
+                running = min(min(n, c or n) for w, _, _, n, c in workloads if w == name)
+                profile_later(port, os.path.abspath(f"{a.out}/trace_{mode}_{name}"), a.profile_at, a.profile_steps,
+                              running)
         for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode,
                                  not a.no_warmup, a.warmup_prompts, on_measured):
             r.pop("ttfts_ms", None)

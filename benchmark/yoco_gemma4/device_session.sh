@@ -71,7 +71,7 @@
 #   MT patch 0028 A/B at E4B chat 80, stock adaptive MTP with the one-node greedy verify tail off
 #      (-stocktail) and on, and no speculation; `MT MODES` another order
 #   MQ E4B chat 80, no speculation and stock adaptive MTP (0 steps at batch 80), 20 steps of each
-#      measured pass profiled on the GPU from 4 s in: the 0-step round's GPU time and idle against decode
+#      measured pass profiled on the GPU 2 s after all 80 run: the 0-step round against a decode step
 #   MP adaptive MTP greedy parity, 0028's tail off (run A) against on (run B), deterministic inference
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
@@ -571,10 +571,10 @@ MQ)
   # where the 0-step round still loses to a decode step: GPU-only profile of 20 steady steps at batch 80
   # (the trace export stalls each pass for a moment, so this call's tok/s are not comparable)
   gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mq --workloads chat \
-    --modes ${2:-nospec,mtp-splitkv-mrr80-adaptive} --profile-at 4 --profile-steps 20 > $res/serve_mq.log 2>&1
+    --modes ${2:-nospec,mtp-splitkv-mrr80-adaptive} --profile-at ${3:-2} --profile-steps 20 > $res/serve_mq.log 2>&1
   grep -h "^ROW\|profil" $res/serve_mq.log | cut -c1-300
-  ta=$(ls $res/serve_mq/trace_nospec_chat/*.trace.json* 2>/dev/null | head -1)
-  tb=$(ls $res/serve_mq/trace_mtp-splitkv-mrr80-adaptive_chat/*.trace.json* 2>/dev/null | head -1)
+  ta=$(ls -t $res/serve_mq/trace_nospec_chat/*.trace.json* 2>/dev/null | head -1)
+  tb=$(ls -t $res/serve_mq/trace_mtp-splitkv-mrr80-adaptive_chat/*.trace.json* 2>/dev/null | head -1)
   [ -n "$ta" ] && [ -n "$tb" ] && python3 $B/trace_diff.py "$ta" "$tb" --gpu --top 40 | tee $res/mq_gpu_diff.txt
   cp $ta $OUT/mq_nospec.trace.json.gz; cp $tb $OUT/mq_mtp.trace.json.gz
   ;;
