@@ -18,7 +18,8 @@ cap of 48 running requests, `mtp-splitkv-mrr80-adaptive-nooverlap` the same with
 --disable-overlap-schedule.
 With --profile-at S, each server's torch profiler records --profile-steps scheduler
 steps from S seconds after all of a measured pass's prompts run, none waiting (GPU
-activity only, so the host is barely slowed) to OUT_DIR/trace_MODE_WORKLOAD/; compare two with `trace_diff.py --gpu`.
+activity only, so the host is barely slowed; --profile-cpu adds the host with Python stacks)
+to OUT_DIR/trace_MODE_WORKLOAD/; compare two with `trace_diff.py --gpu [--steps ArgMaxOps]`.
 YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
@@ -72,7 +73,7 @@ def adaptive1_config(out_dir):
     return ["--speculative-adaptive-config", path]
 
 
-def profile_later(port, out_dir, delay_s, steps, running):
+def profile_later(port, out_dir, delay_s, steps, running, cpu=False):
     """on_measured callback: once `running` requests run and none waits (the pass's
     steady batch), wait `delay_s` more, then profile `steps` scheduler steps (the
     profiler stops by itself and writes the trace). bench_serving takes seconds to
@@ -93,8 +94,8 @@ def profile_later(port, out_dir, delay_s, steps, running):
             log("serve_mtp: the batch never filled; no profile")
             return
         time.sleep(delay_s)
-        body = json.dumps({"output_dir": out_dir, "num_steps": steps, "activities": ["GPU"],
-                           "with_stack": False}).encode()
+        body = json.dumps({"output_dir": out_dir, "num_steps": steps,
+                           "activities": ["CPU", "GPU"] if cpu else ["GPU"], "with_stack": cpu}).encode()
         req = urllib.request.Request(f"{base}/start_profile", data=body,
                                      headers={"Content-Type": "application/json"})
         try:
@@ -132,6 +133,8 @@ def main():
     ap.add_argument("--profile-at", type=float, default=None,
                     help="profile each measured pass this many seconds after all its prompts run (default: none)")
     ap.add_argument("--profile-steps", type=int, default=20)
+    ap.add_argument("--profile-cpu", action="store_true",
+                    help="record the host too, with Python stacks (slows the host: for where it is late, not how much)")
     ap.add_argument("--server-extra", default="{}",
                     help='JSON of engine kwargs for every server, e.g. \'{"log_level": "info"}\' (prefill batches in the log)')
     a = ap.parse_args()
@@ -167,7 +170,7 @@ def main():
             def on_measured(name, port=port, mode=mode):
                 running = min(min(n, c or n) for w, _, _, n, c in workloads if w == name)
                 profile_later(port, os.path.abspath(f"{a.out}/trace_{mode}_{name}"), a.profile_at, a.profile_steps,
-                              running)
+                              running, a.profile_cpu)
         for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode,
                                  not a.no_warmup, a.warmup_prompts, on_measured):
             r.pop("ttfts_ms", None)

@@ -12,6 +12,10 @@ With --gpu, the GPU kernels of the whole trace are summed by name instead (kerne
 after the host span that launched them, so no span bounds them), and each trace's GPU
 span, busy time and idle time (span minus busy) are printed first: idle time between
 CUDA graphs is what a round's extra small launches cost when the GPU paces the loop.
+With --steps MARKER (and --gpu), each trace is also cut into scheduler steps at each
+launch of a kernel whose name contains MARKER (one a step, e.g. the sampler's
+`ArgMaxOps`): per step its period, GPU busy time and largest idle gap, with the
+kernels on either side of that gap (where the host was late).
 """
 
 import argparse
@@ -58,6 +62,13 @@ def gpu_busy_idle(path):
                 if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     if not iv:
         return 0.0, 0.0, 0.0
+    busy = _busy(iv)
+    span = max(e for _, e in iv) - iv[0][0]
+    return span / 1000, busy / 1000, (span - busy) / 1000
+
+
+def _busy(iv):
+    """Union length of sorted (start, end) intervals."""
     busy, (cur_s, cur_e) = 0.0, iv[0]
     for s, e in iv[1:]:
         if s > cur_e:
@@ -65,9 +76,22 @@ def gpu_busy_idle(path):
             cur_s, cur_e = s, e
         else:
             cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
-    span = max(e for _, e in iv) - iv[0][0]
-    return span / 1000, busy / 1000, (span - busy) / 1000
+    return busy + cur_e - cur_s
+
+
+def step_gaps(path, marker):
+    """[(period_us, busy_us, gap_us, kernel_before_gap, kernel_after_gap)], one per
+    step between two consecutive `marker` kernels."""
+    ev = sorted((e for e in load_spans(path) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                key=lambda e: e["ts"])
+    starts = [i for i, e in enumerate(ev) if marker in e["name"]]
+    rows = []
+    for i0, i1 in zip(starts, starts[1:]):
+        seg = ev[i0:i1]
+        gap, j = max((b["ts"] - a["ts"] - a["dur"], j) for j, (a, b) in enumerate(zip(seg, seg[1:])))
+        rows.append((ev[i1]["ts"] - ev[i0]["ts"], _busy([(e["ts"], e["ts"] + e["dur"]) for e in seg]),
+                     gap, seg[j]["name"][:60], seg[j + 1]["name"][:60]))
+    return rows
 
 
 def diff(a, b, top=40):
@@ -87,11 +111,17 @@ def main():
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--span", default="step[", help="prefix of the span to look inside; '' = whole trace")
     ap.add_argument("--gpu", action="store_true", help="GPU kernel time by name, whole trace")
+    ap.add_argument("--steps", default=None, metavar="MARKER",
+                    help="with --gpu: per-step period, busy time and largest gap, steps cut at kernels named *MARKER*")
     args = ap.parse_args()
     if args.gpu:
         for tag, path in (("A", args.a), ("B", args.b)):
             span, busy, idle = gpu_busy_idle(path)
             print(f"{tag} GPU span {span:.3f} ms, busy {busy:.3f} ms, idle {idle:.3f} ms")
+            if args.steps:
+                for period, sbusy, gap, before, after in step_gaps(path, args.steps):
+                    print(f"{tag} step {period:8.1f} us, busy {sbusy:8.1f} us, largest gap {gap:7.1f} us "
+                          f"between {before} | {after}")
         a, b = gpu_time_by_name(args.a), gpu_time_by_name(args.b)
         print(f"A {sum(v[0] for v in a.values()):.3f} ms in {sum(v[1] for v in a.values())} kernels, "
               f"B {sum(v[0] for v in b.values()):.3f} ms in {sum(v[1] for v in b.values())}")

@@ -395,6 +395,34 @@ def test_trace_diff_gpu_ranks_kernel_time_added(tmp_path):
     assert lines[3].endswith("stage1") and lines[3].split()[0] == "0.250"
 
 
+def test_trace_diff_steps_finds_the_late_launch(tmp_path):
+    """trace_diff.py --gpu --steps: steps cut at each marker kernel; per step its period,
+    busy time and largest idle gap with the kernels on either side (where the host was
+    late to launch)."""
+    import gzip
+    import json
+
+    from trace_diff import step_gaps
+
+    def kernel(name, ts, dur, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": [
+            kernel("argmax ArgMaxOps", 0, 10), kernel("prep", 12, 3), kernel("Memcpy DtoD", 16, 1, "gpu_memcpy"),
+            kernel("graph_first", 20, 70),
+            kernel("argmax ArgMaxOps", 100, 10), kernel("prep", 112, 3), kernel("Memcpy DtoD", 116, 1, "gpu_memcpy"),
+            kernel("graph_first", 417, 70),  # launched 300 us late
+            kernel("argmax ArgMaxOps", 500, 10),
+            {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 120, "dur": 290},
+        ]}, f)
+    rows = step_gaps(str(path), "ArgMaxOps")
+    assert len(rows) == 2
+    assert rows[0] == (100, 84, 3, "Memcpy DtoD", "graph_first")
+    assert rows[1][:3] == (400, 84, 300) and rows[1][3:] == ("Memcpy DtoD", "graph_first")
+
+
 def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
     """verify_kernel_bench.py (FROZEN_KV_MTP verify attention: extend kernel vs split-KV
     variants) on its tiny shape under Triton's interpreter: one row per point, and the
