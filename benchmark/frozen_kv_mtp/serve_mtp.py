@@ -20,6 +20,9 @@ With --profile-at S, each server's torch profiler records --profile-steps schedu
 steps from S seconds after all of a measured pass's prompts run, none waiting (GPU
 activity only, so the host is barely slowed; --profile-cpu adds the host with Python stacks)
 to OUT_DIR/trace_MODE_WORKLOAD/; compare two with `trace_diff.py --gpu [--steps ArgMaxOps]`.
+With --gc-log, each server process logs its Python GC pauses (OUT_DIR/gc_MODE.log, through
+jit_log_site/) and each row gets a `gc` summary of its pass (counts and pause time by
+generation, per process).
 YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
@@ -107,6 +110,31 @@ def profile_later(port, out_dir, delay_s, steps, running, cpu=False):
     threading.Thread(target=start, daemon=True).start()
 
 
+def gc_summary(path, t0, t1):
+    """Per process title, the garbage collections logged by BENCH_GC_LOG (jit_log_site)
+    between t0 and t1: counts by generation, total pause per generation (ms), the
+    longest pause (us). Short generation-0 collections arrive in blocks of 200."""
+    out = {}
+    if not os.path.exists(path):
+        return out
+    for line in open(path):
+        f = line.split()
+        if len(f) < 6 or not t0 <= float(f[1]) <= t1:
+            continue
+        s = out.setdefault(f[3], {"count": [0, 0, 0], "pause_ms": [0.0, 0.0, 0.0], "max_us": 0})
+        if f[0] == "gc0":
+            s["count"][0] += int(f[4])
+            s["pause_ms"][0] += float(f[5]) / 1000
+        else:
+            gen, us = int(f[4]), float(f[5])
+            s["count"][gen] += 1
+            s["pause_ms"][gen] += us / 1000
+            s["max_us"] = max(s["max_us"], us)
+    for s in out.values():
+        s["pause_ms"] = [round(x, 3) for x in s["pause_ms"]]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -128,6 +156,8 @@ def main():
     ap.add_argument("--fresh-triton-cache", action="store_true", help="an empty Triton cache per server")
     ap.add_argument("--jit-log", action="store_true",
                     help="log each server's Triton compiles with times to OUT/jit_MODE.log (jit_log_site/)")
+    ap.add_argument("--gc-log", action="store_true",
+                    help="log each server process's Python GC pauses (gc_MODE.log); rows get a `gc` summary of the pass")
     ap.add_argument("--no-kernel-warmup", action="store_true",
                     help="MTP servers skip patch 0027's start-up compile of the spec decode kernels (A/B)")
     ap.add_argument("--profile-at", type=float, default=None,
@@ -150,11 +180,13 @@ def main():
             env["SGLANG_SIMULATE_ACC_LEN"] = a.accept_len
         if a.fresh_triton_cache:
             env["TRITON_CACHE_DIR"] = os.path.abspath(f"{a.out}/triton_cache_{i}_{mode}")
-        if a.jit_log or a.no_kernel_warmup:
+        if a.jit_log or a.no_kernel_warmup or a.gc_log:
             site = os.path.join(HERE, "jit_log_site")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
         if a.jit_log:
             env["BENCH_TRITON_JIT_LOG"] = os.path.abspath(f"{a.out}/jit_{mode}.log")
+        if a.gc_log:
+            env["BENCH_GC_LOG"] = os.path.abspath(f"{a.out}/gc_{mode}.log")
         if mode.endswith("-stocktail"):
             env["SGLANG_ONE_NODE_GREEDY_VERIFY"] = "0"
         if a.no_kernel_warmup and mode != "nospec":
@@ -174,6 +206,8 @@ def main():
         for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode,
                                  not a.no_warmup, a.warmup_prompts, on_measured):
             r.pop("ttfts_ms", None)
+            if a.gc_log:
+                r["gc"] = gc_summary(env["BENCH_GC_LOG"], r["started_unix"], r["ended_unix"])
             print("ROW " + json.dumps(r), flush=True)
             rows.append(r)
     with open(os.path.join(a.out, "serve_mtp.json"), "w") as f:

@@ -193,6 +193,7 @@ def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup
             r = _bench(model, port, name, inp, outp, n, conc, jsonl)
             r["mode"] = mode
             r["started_unix"] = round(started, 3)  # lines the pass up with server-side logs
+            r["ended_unix"] = round(time.time(), 3)
             log("  " + json.dumps({k: v for k, v in r.items() if k != "ttfts_ms"}))
             rows.append(r)
     finally:

@@ -423,6 +423,46 @@ def test_trace_diff_steps_finds_the_late_launch(tmp_path):
     assert rows[1][:3] == (400, 84, 300) and rows[1][3:] == ("Memcpy DtoD", "graph_first")
 
 
+def test_gc_log_site_logs_collections_and_serve_mtp_sums_a_window(tmp_path):
+    """jit_log_site with BENCH_GC_LOG (serve_mtp.py --gc-log): a process started with it
+    on PYTHONPATH logs its generation-1/2 collections one a line and its short
+    generation-0 ones in blocks of 200; gc_summary counts them inside a time window."""
+    import subprocess
+    import time
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmark", "frozen_kv_mtp"))
+    from serve_mtp import gc_summary
+
+    log = tmp_path / "gc.log"
+    site = os.path.join(ROOT, "benchmark", "frozen_kv_mtp", "jit_log_site")
+    script = (
+        "import gc, time\n"
+        "gc.disable()\n"  # explicit collections only
+        "for _ in range(3): gc.collect(1)\n"
+        "gc.collect(2)\n"
+        "for _ in range(400): gc.collect(0)\n"
+        "time.sleep(1.1)\n"
+        "gc.collect(1)\n"  # past a second: this one flushes what the 20-line rule held
+    )
+    t0 = time.time()
+    env = dict(os.environ, BENCH_GC_LOG=str(log), PYTHONPATH=site)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = log.read_text().splitlines()
+    full = [line.split() for line in lines if line.startswith("gc ")]
+    blocks = [line.split() for line in lines if line.startswith("gc0 ")]
+    assert [int(f[4]) for f in full if int(f[4]) > 0] == [1, 1, 1, 2, 1]
+    assert all(int(f[2]) == int(blocks[0][2]) for f in full + blocks)  # one pid
+    # gc.collect(0) x 400 -> two blocks of 200 (any of them over 50 us is logged alone instead)
+    n0 = sum(int(b[4]) for b in blocks) + sum(1 for f in full if f[4] == "0")
+    assert len(blocks) >= 1 and n0 == 400
+    s = gc_summary(str(log), t0, time.time() + 1)
+    (summary,) = s.values()
+    assert summary["count"] == [400, 4, 1]
+    assert summary["max_us"] > 0 and all(p >= 0 for p in summary["pause_ms"])
+    assert gc_summary(str(log), t0 - 100, t0 - 50) == {}
+
+
 def test_verify_kernel_bench_variants_agree_on_cpu(tmp_path):
     """verify_kernel_bench.py (FROZEN_KV_MTP verify attention: extend kernel vs split-KV
     variants) on its tiny shape under Triton's interpreter: one row per point, and the

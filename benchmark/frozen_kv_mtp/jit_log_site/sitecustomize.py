@@ -4,6 +4,11 @@ PYTHONPATH; plain runs never load it).
 - BENCH_TRITON_JIT_LOG=PATH: append one line per Triton compile (or disk-cache load) to PATH,
   "start|end EPOCH PID KERNEL SIGNATURE", so a benchmark can say which kernels were built
   while it measured.
+- BENCH_GC_LOG=PATH: append one line per Python garbage collection of generation 1 or 2, or
+  of any generation that took 50 us or more, "gc EPOCH PID TITLE GEN PAUSE_US COLLECTED", and
+  one "gc0 EPOCH PID TITLE COUNT PAUSE_US" line per 200 shorter generation-0 collections
+  (buffered: written every 20 lines or after a second, at a collection's end), so a
+  benchmark can line up the host's GC pauses with the GPU's idle gaps.
 - BENCH_SKIP_SPEC_KERNEL_WARMUP=1: the server skips the start-up compile of the spec decode
   kernels (speculative/spec_decode_kernel_warmup.py), as before patch 0027, for an A/B in
   one session.
@@ -26,6 +31,45 @@ if _log_path:
 
     knobs.runtime.jit_cache_hook = _hook("start")
     knobs.runtime.jit_post_compile_hook = _hook("end")
+
+_gc_path = os.environ.get("BENCH_GC_LOG")
+if _gc_path:
+    import gc
+
+    _gc = {"t": 0.0, "lines": [], "n0": 0, "us0": 0.0, "flushed": time.time()}
+
+    def _title():
+        try:
+            import setproctitle
+
+            return setproctitle.getproctitle().split()[0]
+        except Exception:
+            return "?"
+
+    def _gc_hook(phase, info):
+        if phase == "start":
+            _gc["t"] = time.perf_counter()
+            return
+        us = (time.perf_counter() - _gc["t"]) * 1e6
+        gen = info["generation"]
+        if gen == 0 and us < 50:
+            _gc["n0"] += 1
+            _gc["us0"] += us
+            if _gc["n0"] == 200:
+                _gc["lines"].append(f"gc0 {time.time():.6f} {os.getpid()} {_title()} 200 {_gc['us0']:.0f}\n")
+                _gc["n0"], _gc["us0"] = 0, 0.0
+        else:
+            _gc["lines"].append(
+                f"gc {time.time():.6f} {os.getpid()} {_title()} {gen} {us:.0f} {info['collected']}\n"
+            )
+        now = time.time()
+        if _gc["lines"] and (len(_gc["lines"]) >= 20 or now - _gc["flushed"] > 1.0):
+            with open(_gc_path, "a") as f:
+                f.writelines(_gc["lines"])
+            _gc["lines"].clear()
+            _gc["flushed"] = now
+
+    gc.callbacks.append(_gc_hook)
 
 if os.environ.get("BENCH_SKIP_SPEC_KERNEL_WARMUP") == "1":
     # Bound by name when eagle_worker_v2 imports it, which is after this runs.
