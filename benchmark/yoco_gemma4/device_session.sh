@@ -72,6 +72,7 @@
 #      (-stocktail) and on, and no speculation; `MT MODES` another order
 #   MQ E4B chat 80, no speculation and stock adaptive MTP (0 steps at batch 80), 20 steps of each
 #      measured pass profiled on the GPU 2 s after all 80 run: the 0-step round against a decode step;
+#      each server's Python GC pauses logged (gc_MODE.log, summed per pass in the ROW lines);
 #      `MQ MODES 2 cpu` records the host too, with Python stacks
 #   MP adaptive MTP greedy parity, 0028's tail off (run A) against on (run B), deterministic inference
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
@@ -572,9 +573,9 @@ MQ)
   # where the 0-step round still loses to a decode step: GPU-only profile of 20 steady steps at batch 80
   # (the trace export stalls each pass for a moment, so this call's tok/s are not comparable)
   gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mq --workloads chat \
-    --modes ${2:-nospec,mtp-splitkv-mrr80-adaptive} --profile-at ${3:-2} --profile-steps 20 \
+    --modes ${2:-nospec,mtp-splitkv-mrr80-adaptive} --profile-at ${3:-2} --profile-steps 20 --gc-log \
     $([ "$4" = cpu ] && echo --profile-cpu) > $res/serve_mq.log 2>&1
-  grep -h "^ROW\|profil" $res/serve_mq.log | cut -c1-300
+  grep -h "^ROW\|profil" $res/serve_mq.log | cut -c1-900
   ta=$(ls -t $res/serve_mq/trace_nospec_chat/*.trace.json* 2>/dev/null | head -1)
   tb=$(ls -t $res/serve_mq/trace_mtp-splitkv-mrr80-adaptive_chat/*.trace.json* 2>/dev/null | head -1)
   [ -n "$ta" ] && [ -n "$tb" ] && python3 $B/trace_diff.py "$ta" "$tb" --gpu --steps ArgMaxOps --top 40 \
