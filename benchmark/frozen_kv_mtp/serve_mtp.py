@@ -22,7 +22,7 @@ activity only, so the host is barely slowed; --profile-cpu adds the host with Py
 to OUT_DIR/trace_MODE_WORKLOAD/; compare two with `trace_diff.py --gpu [--steps ArgMaxOps]`.
 With --gc-log, each server process logs its Python GC pauses (OUT_DIR/gc_MODE.log, through
 jit_log_site/) and each row gets a `gc` summary of its pass (counts and pause time by
-generation, per process).
+generation, per process); --freeze-gc calls each server's /freeze_gc after its warm-up.
 YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
@@ -158,6 +158,8 @@ def main():
                     help="log each server's Triton compiles with times to OUT/jit_MODE.log (jit_log_site/)")
     ap.add_argument("--gc-log", action="store_true",
                     help="log each server process's Python GC pauses (gc_MODE.log); rows get a `gc` summary of the pass")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="call the server's /freeze_gc after its warm-up (stock's advice against GC jitter)")
     ap.add_argument("--no-kernel-warmup", action="store_true",
                     help="MTP servers skip patch 0027's start-up compile of the spec decode kernels (A/B)")
     ap.add_argument("--profile-at", type=float, default=None,
@@ -197,9 +199,11 @@ def main():
         if mode.endswith("adaptive1"):
             cmd += adaptive1_config(a.out)
         log(f"serve_mtp: starting server, mode {mode}")
-        on_measured = None
-        if a.profile_at is not None:
-            def on_measured(name, port=port, mode=mode):
+        def on_measured(name, port=port, mode=mode):
+            if a.freeze_gc:  # after the warm-up; freezing twice only adds the newer objects
+                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/freeze_gc", data=b""),
+                                       timeout=60).read()
+            if a.profile_at is not None:
                 running = min(min(n, c or n) for w, _, _, n, c in workloads if w == name)
                 profile_later(port, os.path.abspath(f"{a.out}/trace_{mode}_{name}"), a.profile_at, a.profile_steps,
                               running, a.profile_cpu)

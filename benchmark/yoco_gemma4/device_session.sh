@@ -74,6 +74,8 @@
 #      measured pass profiled on the GPU 2 s after all 80 run: the 0-step round against a decode step;
 #      each server's Python GC pauses logged (gc_MODE.log, summed per pass in the ROW lines);
 #      `MQ MODES 2 cpu` records the host too, with Python stacks
+#   MG E4B chat 80, no speculation and stock adaptive MTP, unprofiled, each server's GC pauses logged;
+#      `MG freeze` calls each server's /freeze_gc after its warm-up
 #   MP adaptive MTP greedy parity, 0028's tail off (run A) against on (run B), deterministic inference
 #   MV one-step and stock adaptive MTP at chat 80 on GPU 0 alone, host load / clocks / CPU affinity
 #      sampled every 5 s (host.log)
@@ -581,6 +583,12 @@ MQ)
   [ -n "$ta" ] && [ -n "$tb" ] && python3 $B/trace_diff.py "$ta" "$tb" --gpu --steps ArgMaxOps --top 40 \
     | cut -c1-240 | tee $res/mq_gpu_diff.txt
   cp $ta $OUT/mq_nospec.trace.json.gz; cp $tb $OUT/mq_mtp.trace.json.gz
+  ;;
+MG)
+  # the 0-step round's late graph launches (run 26, MQ): GC pauses per server process during the pass
+  gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mg --workloads chat \
+    --modes nospec,mtp-splitkv-mrr80-adaptive --gc-log $([ "$2" = freeze ] && echo --freeze-gc) > $res/serve_mg.log 2>&1
+  grep -h "^ROW" $res/serve_mg.log | cut -c1-900
   ;;
 MP)
   # patch 0028's tail must not change a token: adaptive MTP, real acceptance, 200 prompts to 4000 tokens,

@@ -8,7 +8,9 @@ PYTHONPATH; plain runs never load it).
   of any generation that took 50 us or more, "gc EPOCH PID TITLE GEN PAUSE_US COLLECTED", and
   one "gc0 EPOCH PID TITLE COUNT PAUSE_US" line per 200 shorter generation-0 collections
   (buffered: written every 20 lines or after a second, at a collection's end), so a
-  benchmark can line up the host's GC pauses with the GPU's idle gaps.
+  benchmark can line up the host's GC pauses with the GPU's idle gaps. (Stock's
+  SGLANG_LOG_GC=1 logs every collection's start and end at info level on the scheduler
+  thread, which is itself host time in the loop being measured.)
 - BENCH_SKIP_SPEC_KERNEL_WARMUP=1: the server skips the start-up compile of the spec decode
   kernels (speculative/spec_decode_kernel_warmup.py), as before patch 0027, for an A/B in
   one session.
