@@ -49,7 +49,8 @@
 #   PE E4B 256 tokens at batch 1 and 8, 15 repeats (GPU 0) | E2B fast path vs ceiling at 1024 x 8 with
 #      the back-half graphs, profiled (GPU 1); `PE seq`: both on GPU 0, one after the other
 #   PA E4B 256 tokens, off and on-all engines alternately (two each), host sampled every 2 s
-#   G3 31B draft step at 220 and 2460 keys, batch 8, three repeats
+#   G3 31B draft step at 220 and 2460 keys, batch 8, three repeats; `G3 JSON` adds Engine kwargs
+#      (e.g. '{"triton_attention_num_kv_splits": 16}')
 #   PB batch 1 at 1k-8k tokens against the ceiling, one forward with the back-half graphs, E4B then E2B
 #   PF E4B 4096 x 1 against the ceiling, profiled | adaptive MTP greedy parity under deterministic inference
 #   PY E4B 1024 / 2048 x 1, one forward, off and on-all processes in both orders
@@ -254,7 +255,7 @@ G3)
   # the 31B step growth from 220 to 2460 keys at batch 8 with three repeats (run 18: 1.153x from one)
   FKV_CKPT_DIR=/tmp/fkv0 gpu 0 timeout 540 python3 benchmark/frozen_kv_mtp/profile_draft.py $res/draft_31b_g3 \
     --target 31b --batches 8 --contexts 220,2460 --out-len 64 --repeats 3 --max-running-requests 8 \
-    --modes mtp-splitkv-grouped > $res/draft_31b_g3.log 2>&1
+    --modes mtp-splitkv-grouped --extra "${2:-{\}}" > $res/draft_31b_g3.log 2>&1
   ;;
 L)
   # served E4B chat | 31B step times (8 running requests: the SWA pool cap at the default 48 does not fit)
