@@ -199,6 +199,7 @@ def main():
         if mode.endswith("adaptive1"):
             cmd += adaptive1_config(a.out)
         log(f"serve_mtp: starting server, mode {mode}")
+
         def on_measured(name, port=port, mode=mode):
             if a.freeze_gc:  # after the warm-up; freezing twice only adds the newer objects
                 urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/freeze_gc", data=b""),
