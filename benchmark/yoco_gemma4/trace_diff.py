@@ -87,10 +87,10 @@ def step_gaps(path, marker):
     starts = [i for i, e in enumerate(ev) if marker in e["name"]]
     rows = []
     for i0, i1 in zip(starts, starts[1:]):
-        seg = ev[i0:i1]
-        gap, j = max((b["ts"] - a["ts"] - a["dur"], j) for j, (a, b) in enumerate(zip(seg, seg[1:])))
-        rows.append((ev[i1]["ts"] - ev[i0]["ts"], _busy([(e["ts"], e["ts"] + e["dur"]) for e in seg]),
-                     gap, seg[j]["name"][:60], seg[j + 1]["name"][:60]))
+        # gaps through the next step's marker (a marker launched late is this step's gap)
+        gap, j = max((ev[k + 1]["ts"] - ev[k]["ts"] - ev[k]["dur"], k) for k in range(i0, i1))
+        rows.append((ev[i1]["ts"] - ev[i0]["ts"], _busy([(e["ts"], e["ts"] + e["dur"]) for e in ev[i0:i1]]),
+                     gap, ev[j]["name"][:60], ev[j + 1]["name"][:60]))
     return rows
 
 

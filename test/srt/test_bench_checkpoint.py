@@ -411,16 +411,18 @@ def test_trace_diff_steps_finds_the_late_launch(tmp_path):
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": [
             kernel("argmax ArgMaxOps", 0, 10), kernel("prep", 12, 3), kernel("Memcpy DtoD", 16, 1, "gpu_memcpy"),
-            kernel("graph_first", 20, 70),
+            kernel("graph_first", 20, 79),
             kernel("argmax ArgMaxOps", 100, 10), kernel("prep", 112, 3), kernel("Memcpy DtoD", 116, 1, "gpu_memcpy"),
-            kernel("graph_first", 417, 70),  # launched 300 us late
-            kernel("argmax ArgMaxOps", 500, 10),
+            kernel("graph_first", 417, 82),  # launched 300 us late
+            kernel("argmax ArgMaxOps", 500, 10), kernel("graph_first", 512, 88),
+            kernel("argmax ArgMaxOps", 900, 10),  # the next step's first kernel 300 us late
             {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 120, "dur": 290},
         ]}, f)
     rows = step_gaps(str(path), "ArgMaxOps")
-    assert len(rows) == 2
-    assert rows[0] == (100, 84, 3, "Memcpy DtoD", "graph_first")
-    assert rows[1][:3] == (400, 84, 300) and rows[1][3:] == ("Memcpy DtoD", "graph_first")
+    assert len(rows) == 3
+    assert rows[0] == (100, 93, 3, "Memcpy DtoD", "graph_first")
+    assert rows[1] == (400, 96, 300, "Memcpy DtoD", "graph_first")
+    assert rows[2] == (400, 98, 300, "graph_first", "argmax ArgMaxOps")
 
 
 def test_gc_log_site_logs_collections_and_serve_mtp_sums_a_window(tmp_path):
