@@ -55,11 +55,16 @@ def gpu_time_by_name(path):
     return dict(by)
 
 
+def _gpu_events(path):
+    """The trace's kernels, memcpys and memsets (what keeps the GPU busy), by start time."""
+    return sorted((e for e in load_spans(path) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                  key=lambda e: e["ts"])
+
+
 def gpu_busy_idle(path):
     """(span_ms, busy_ms, idle_ms) of the GPU over the trace: first kernel, memcpy or
     memset start to last end; busy is the union of their intervals."""
-    iv = sorted((e["ts"], e["ts"] + e["dur"]) for e in load_spans(path)
-                if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    iv = [(e["ts"], e["ts"] + e["dur"]) for e in _gpu_events(path)]
     if not iv:
         return 0.0, 0.0, 0.0
     busy = _busy(iv)
@@ -82,8 +87,7 @@ def _busy(iv):
 def step_gaps(path, marker):
     """[(period_us, busy_us, gap_us, kernel_before_gap, kernel_after_gap)], one per
     step between two consecutive `marker` kernels."""
-    ev = sorted((e for e in load_spans(path) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
-                key=lambda e: e["ts"])
+    ev = _gpu_events(path)
     starts = [i for i, e in enumerate(ev) if marker in e["name"]]
     rows = []
     for i0, i1 in zip(starts, starts[1:]):
