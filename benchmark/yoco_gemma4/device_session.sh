@@ -575,15 +575,17 @@ MT)
 MQ)
   # where the 0-step round still loses to a decode step: GPU-only profile of 20 steady steps at batch 80
   # (the trace export stalls each pass for a moment, so this call's tok/s are not comparable)
+  modes=${2:-nospec,mtp-splitkv-mrr80-adaptive}  # the first two are diffed, A then B
   gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mq --workloads chat \
-    --modes ${2:-nospec,mtp-splitkv-mrr80-adaptive} --profile-at ${3:-2} --profile-steps 20 --gc-log \
+    --modes $modes --profile-at ${3:-2} --profile-steps 20 --gc-log \
     $([ "$4" = cpu ] && echo --profile-cpu) > $res/serve_mq.log 2>&1
   grep -h "^ROW\|profil" $res/serve_mq.log | cut -c1-900
-  ta=$(ls -t $res/serve_mq/trace_nospec_chat/*.trace.json* 2>/dev/null | head -1)
-  tb=$(ls -t $res/serve_mq/trace_mtp-splitkv-mrr80-adaptive_chat/*.trace.json* 2>/dev/null | head -1)
+  ma=${modes%%,*}; mb=${modes#*,}; mb=${mb%%,*}
+  ta=$(ls -t $res/serve_mq/trace_${ma}_chat/*.trace.json* 2>/dev/null | head -1)
+  tb=$(ls -t $res/serve_mq/trace_${mb}_chat/*.trace.json* 2>/dev/null | head -1)
   [ -n "$ta" ] && [ -n "$tb" ] && python3 $B/trace_diff.py "$ta" "$tb" --gpu --steps ArgMaxOps --top 40 \
     | cut -c1-240 | tee $res/mq_gpu_diff.txt
-  cp $ta $OUT/mq_nospec.trace.json.gz; cp $tb $OUT/mq_mtp.trace.json.gz
+  [ -n "$ta" ] && cp $ta $OUT/mq_$ma.trace.json.gz; [ -n "$tb" ] && cp $tb $OUT/mq_$mb.trace.json.gz
   ;;
 MG)
   # the 0-step round's late graph launches (run 26, MQ): GC pauses per server process during the pass
