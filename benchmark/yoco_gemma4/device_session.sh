@@ -579,7 +579,7 @@ MQ)
   modes=${2:-nospec,mtp-splitkv-mrr80-adaptive}  # the first two are diffed, A then B
   gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mq --workloads chat \
     --modes $modes --profile-at ${3:-2} --profile-steps 20 --gc-log \
-    $([ "$4" = cpu ] && echo --profile-cpu) > $res/serve_mq.log 2>&1
+    $([ "${4:-}" = cpu ] && echo --profile-cpu) > $res/serve_mq.log 2>&1
   grep -h "^ROW\|profil" $res/serve_mq.log | cut -c1-900
   ma=${modes%%,*}; mb=${modes#*,}; mb=${mb%%,*}
   ta=$(ls -t $res/serve_mq/trace_${ma}_chat/*.trace.json* 2>/dev/null | head -1)
@@ -591,7 +591,7 @@ MQ)
 MG)
   # the 0-step round's late graph launches (run 26, MQ): GC pauses per server process during the pass
   gpu 0 timeout 570 python3 benchmark/frozen_kv_mtp/serve_mtp.py $res/serve_mg --workloads chat \
-    --modes nospec,mtp-splitkv-mrr80-adaptive --gc-log $([ "$2" = freeze ] && echo --freeze-gc) > $res/serve_mg.log 2>&1
+    --modes nospec,mtp-splitkv-mrr80-adaptive --gc-log $([ "${2:-}" = freeze ] && echo --freeze-gc) > $res/serve_mg.log 2>&1
   grep -h "^ROW" $res/serve_mg.log | cut -c1-900
   ;;
 MP)

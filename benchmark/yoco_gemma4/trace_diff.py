@@ -1,6 +1,7 @@
 """Where does one pass spend more host time (or GPU time) in trace B than in trace A?
 
     python trace_diff.py OFF.trace.json.gz ON.trace.json.gz [--top 40] [--span step[] [--gpu]
+        [--steps MARKER] [--launches]
 
 Both traces are torch profiler Chrome traces of one forward pass (prefill_bench.py
 --profile-point, or bench_one_batch --profile). Inside the last span whose name starts
@@ -16,9 +17,15 @@ With --steps MARKER (and --gpu), each trace is also cut into scheduler steps at 
 launch of a kernel whose name contains MARKER (one a step, e.g. the sampler's
 `ArgMaxOps`): per step its period, GPU busy time and largest idle gap, with the
 kernels on either side of that gap (where the host was late).
+With --launches (and --gpu), each `cudaGraphLaunch` of each trace: how long the host
+call took, how far ahead of the GPU the host entered it (the GPU's work queued before the
+graph ends that long after the call starts; negative: the host was behind) and how long
+the GPU then waited for the graph's first kernel. A graph is late where the call takes
+longer than the lead.
 """
 
 import argparse
+import bisect
 import os
 import re
 import sys
@@ -98,6 +105,34 @@ def step_gaps(path, marker):
     return rows
 
 
+def graph_launches(path):
+    """[(launch_us, lead_us, gpu_wait_us)], one per `cudaGraphLaunch` whose kernels are
+    in the trace, in launch order: the host call's duration; the end of the GPU work
+    started before the graph's first kernel, minus the call's start (how far ahead the
+    host was); the idle time from that end to the graph's first kernel."""
+    events = load_spans(path)
+    ev = _gpu_events(path)
+    starts = [e["ts"] for e in ev]
+    ends_so_far, end = [], float("-inf")
+    for e in ev:
+        end = max(end, e["ts"] + e["dur"])
+        ends_so_far.append(end)
+    first = {}
+    for e in ev:
+        corr = e.get("args", {}).get("correlation")
+        if corr is not None and corr not in first:
+            first[corr] = e["ts"]
+    rows = []
+    for g in sorted((e for e in events if e.get("name") == "cudaGraphLaunch"), key=lambda e: e["ts"]):
+        t = first.get(g.get("args", {}).get("correlation"))
+        i = bisect.bisect_left(starts, t) if t is not None else 0
+        if i == 0:  # no kernel of it, or nothing before it in the trace
+            continue
+        queued_end = ends_so_far[i - 1]
+        rows.append((g["dur"], queued_end - g["ts"], max(0.0, t - queued_end)))
+    return rows
+
+
 def diff(a, b, top=40):
     """[(extra_ms, (a_ms, a_calls), (b_ms, b_calls), name)], most extra time in b first."""
     rows = []
@@ -117,6 +152,8 @@ def main():
     ap.add_argument("--gpu", action="store_true", help="GPU kernel time by name, whole trace")
     ap.add_argument("--steps", default=None, metavar="MARKER",
                     help="with --gpu: per-step period, busy time and largest gap, steps cut at kernels named *MARKER*")
+    ap.add_argument("--launches", action="store_true",
+                    help="with --gpu: each CUDA graph launch's host time, the host's lead and the GPU's wait")
     args = ap.parse_args()
     if args.gpu:
         for tag, path in (("A", args.a), ("B", args.b)):
@@ -126,6 +163,9 @@ def main():
                 for period, sbusy, gap, before, after in step_gaps(path, args.steps):
                     print(f"{tag} step {period:8.1f} us, busy {sbusy:8.1f} us, largest gap {gap:7.1f} us "
                           f"between {before} | {after}")
+            if args.launches:
+                for launch, lead, wait in graph_launches(path):
+                    print(f"{tag} graph launch {launch:7.1f} us, host ahead by {lead:8.1f} us, GPU waited {wait:7.1f} us")
         a, b = gpu_time_by_name(args.a), gpu_time_by_name(args.b)
         print(f"A {sum(v[0] for v in a.values()):.3f} ms in {sum(v[1] for v in a.values())} kernels, "
               f"B {sum(v[0] for v in b.values()):.3f} ms in {sum(v[1] for v in b.values())}")

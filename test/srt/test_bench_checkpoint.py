@@ -425,6 +425,48 @@ def test_trace_diff_steps_finds_the_late_launch(tmp_path):
     assert rows[2] == (400, 98, 300, "graph_first", "argmax ArgMaxOps")
 
 
+def test_trace_diff_launches_times_the_host_lead_and_the_gpu_wait(tmp_path):
+    """trace_diff.py --gpu --launches: per cudaGraphLaunch, the host call's time, how far
+    ahead of the GPU's queued work the host entered it, and the GPU's wait for the graph's
+    first kernel (matched by correlation id)."""
+    import gzip
+    import json
+    import subprocess
+
+    from trace_diff import graph_launches
+
+    def gpu(name, ts, dur, corr, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    def launch(ts, dur, corr):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "dur": dur,
+                "args": {"correlation": corr}}
+
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": [
+            gpu("prev_graph", 0, 1000, 1),
+            gpu("Memcpy DtoD", 1000, 5, 2, "gpu_memcpy"),
+            launch(200, 300, 3),  # host 805 us ahead, 300 us call: on time
+            gpu("graph_a", 1010, 500, 3), gpu("graph_a_2", 1510, 100, 3),
+            gpu("copy", 1610, 10, 4),
+            launch(1400, 400, 5),  # 220 us ahead, 400 us call: the GPU waits 180 us
+            gpu("graph_b", 1800, 100, 5),
+            launch(2000, 50, 6),  # its kernels are not in the trace: skipped
+        ]}, f)
+    rows = graph_launches(str(path))
+    assert rows == [(300, 805, 5), (400, 220, 180)]
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmark", "yoco_gemma4", "trace_diff.py"), str(path), str(path),
+         "--gpu", "--launches", "--top", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = [line for line in proc.stdout.splitlines() if "graph launch" in line]
+    assert out[1] == "A graph launch   400.0 us, host ahead by    220.0 us, GPU waited   180.0 us"
+    assert len(out) == 4 and out[3].startswith("B ")
+
+
 def test_gc_log_site_logs_collections_and_serve_mtp_sums_a_window(tmp_path):
     """jit_log_site with BENCH_GC_LOG (serve_mtp.py --gc-log): a process started with it
     on PYTHONPATH logs its generation-1/2 collections one a line and its short
