@@ -26,13 +26,21 @@ longer than the lead.
 
 import argparse
 import bisect
+import functools
 import os
 import re
 import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trace_summary import load_spans  # noqa: E402
+from trace_summary import load_spans as _load_spans  # noqa: E402
+
+
+@functools.lru_cache(maxsize=2)
+def load_spans(path):
+    """Each trace is parsed once, however many summaries read it (a second or so each);
+    callers only read the events."""
+    return _load_spans(path)
 
 
 def host_time_by_name(path, span_prefix="step["):
