@@ -252,8 +252,8 @@ G2)
     --modes mtp-splitkv,mtp-splitkv-grouped > $res/draft_31b_grouped.log 2>&1
   ;;
 G3)
-  # the 31B step growth from 220 to 2460 keys at batch 8 with three repeats (run 18: 1.153x from one);
-  # G3 [ENGINE_KWARGS_JSON] [REPEATS]
+  # the 31B step growth from 220 to 2460 keys at batch 8 (run 18: 1.153x from one repeat; run 27: five);
+  # G3 [ENGINE_KWARGS_JSON] [REPEATS, default 3]
   FKV_CKPT_DIR=/tmp/fkv0 gpu 0 timeout 540 python3 benchmark/frozen_kv_mtp/profile_draft.py $res/draft_31b_g3 \
     --target 31b --batches 8 --contexts 220,2460 --out-len 64 --repeats ${3:-3} --max-running-requests 8 \
     --modes mtp-splitkv-grouped --extra "${2:-{\}}" > $res/draft_31b_g3.log 2>&1
