@@ -1,51 +1,60 @@
 #!/usr/bin/env python3
-"""Build tool for the SGLang YOCO fork: pinned upstream wheel + patch series + new modules.
+"""Build tool for the SGLang Gemma-4 fork: a pinned upstream wheel + PR stacks of patches.
 
 The fork is not a copy of SGLang.  It is:
-  * tools/upstream.json  the pinned upstream release: one wheel per interpreter, with sha256
-  * patches/series       patch names in order, one a line ('#' comments and blank lines
-                         ignored).  A line may also list repo paths of new modules
-                         (python/sglang/...) that belong to that patch, for `export`:
-                             0001-gemma4-yoco.patch  python/sglang/srt/layers/yoco.py
-  * patches/*.patch      `git format-patch` mails against an upstream git checkout, so paths
-                         look like a/python/sglang/srt/...
-  * python/...           modules written by the fork.  They must not exist upstream:
-                         upstream files are changed only through patches.
+  * tools/upstream.json   the pinned upstream release: one wheel per interpreter, with sha256
+  * patches/series        the steps in order, one `NN-stack/NNNN-slug.patch` a line ('#'
+                          comments and blank lines ignored).  A stack is a folder of
+                          patches/ that a reviewer takes as one pull request; stacks are
+                          listed in dependency order, and each depends only on those above.
+  * patches/NN-stack/     `git format-patch` mails, one concern each, plus cover-letter.md
+                          (the pull request's description).  A patch carries everything its
+                          step adds, new modules included, at the content they have at that
+                          step: every step is a working tree.
+  * python/...            the new modules at their final content, as plain files to read.
+                          They are a mirror of what the series creates: `check` fails when
+                          one differs, and `import` rewrites them.
+
+Patches are applied with git's own `git am` onto a git repository of the wheel's files in
+upstream's layout (python/sglang/...): exact context, line offsets tolerated, no fuzz, as a
+reviewer applies them.  Nothing here re-implements patching.
 
 Commands (python3 tools/fork.py CMD --help):
-  materialize DIR      wheel's sglang/ -> DIR/python/sglang, apply series, overlay python/
-  install              materialize into build/tree, build build/dist/sglang-V+yoco.N-*.whl,
+  materialize DIR      the wheel's sglang/ as a git repo in DIR, one commit per step
+  install              materialize into build/tree, build build/dist/sglang-V+local-*.whl,
                        pip install it into the venv (default .venv)
-  export OUTDIR        `git am`-able series against pristine upstream (+ OUTDIR/series)
+  check [--each]       materialize and verify the mirror; --each also checks every step:
+                       byte-compile and import what it touches, run its tests (see below)
+  export OUTDIR        one folder per stack: git-am-able patches + cover-letter.md
+  import DIR           write DIR's commits back into the series (authoring, below)
   overlay DIR          only changed/new files as DIR/sglang/..., to copy over site-packages
-  check                materialize into a temp dir and report
-  diffstat             files and +/- lines per patch
+  diffstat             files and +/- lines per step
 
-Authoring a patch (patches change upstream files; new files go to python/ instead):
-    python3 tools/fork.py materialize build/edit        # upstream + series + new modules
-    cd build/edit && git init -q && git add -A && git commit -qm base
-    $EDITOR python/sglang/srt/...                       # edit upstream files only
-    git commit -am "fix(gemma4): short description"     # one concern per commit
-    git format-patch -1 --zero-commit --no-signature -o ../../patches
-    # rename to patches/NNNN-<concern>.patch, append the name to patches/series,
-    # then run `python3 tools/fork.py check` from the repo root.
-Reworking an existing patch, e.g. 0003-foo.patch:
-    python3 tools/fork.py materialize --upto 0003-foo.patch build/edit   # series before it
-    cd build/edit && git init -q && git add -A && git commit -qm base
-    git am ../../patches/0003-foo.patch                 # keeps its author and message
-    $EDITOR ...; git commit -a --amend
-    git format-patch -1 --zero-commit --no-signature --stdout > ../../patches/0003-foo.patch
-    cd ../.. && python3 tools/fork.py check             # later patches must still apply
-Patches apply with exact context only (line offsets are tolerated, fuzz is not), so
-regenerate a patch as above rather than hand-editing its hunks.
+Tests name the step they belong to with a marker that `check --each` reads statically:
+    pytestmark = pytest.mark.stack("yoco-model")                    # the stack's last step
+    @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")  # that step
+    @pytest.mark.stack(..., fails_before=True)   # also run one step earlier: must fail
+A stack's name is its folder without the number; a step's name is its patch file's
+name without number and suffix.  Step tests run right after their step, stack tests
+after the stack's last step; `fails_before` ones also run just before, where they must
+fail (a test that passes before its feature exists tests nothing).
+
+Authoring (reworking any step, or adding one):
+    python3 tools/fork.py materialize build/edit       # one commit per step
+    cd build/edit
+    git rebase -i fork-base     # edit/reword/insert commits; new files go in the commit
+                                # of the step that adds them
+    cd ../..
+    # a new step: add its line to patches/series at its place first
+    python3 tools/fork.py import build/edit            # rewrites patches + python/ mirror
+    python3 tools/fork.py check --each
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import csv
-import email.header
-import email.parser
 import hashlib
 import io
 import json
@@ -56,6 +65,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -63,9 +73,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXED_AUTHOR = "SGLang YOCO fork <yoco-fork@example.invalid>"
-FIXED_DATE = "Mon, 1 Jan 2024 00:00:00 +0000"
 FALLBACK_KEY = "cp311-x86_64"
+BASE_TAG = "fork-base"
+# Fixed identity and dates: materialized trees and their commits are reproducible.
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "sglang-fork", "GIT_AUTHOR_EMAIL": "sglang-fork@example.invalid",
+    "GIT_COMMITTER_NAME": "sglang-fork", "GIT_COMMITTER_EMAIL": "sglang-fork@example.invalid",
+    "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000",
+}
+TEST_DIRS = ("test/srt",)
 
 
 class ForkError(Exception):
@@ -171,298 +188,110 @@ def safe_rel(path: str) -> Path:
 
 # ----------------------------------------------------------------------------- series
 
+STEP_RE = re.compile(r"^(\d\d)-([a-z0-9][a-z0-9-]*)/(\d{4})-([a-z0-9][a-z0-9-]*)\.patch$")
+
+
 @dataclass
-class SeriesEntry:
-    name: str
-    modules: list[str]
+class Step:
+    line: str       # as listed: 04-yoco-model/0002-yoco-gemma4-branch.patch
+    stack_dir: str  # 04-yoco-model
+    stack: str      # yoco-model
+    name: str       # yoco-gemma4-branch
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return f"{self.stack}/{self.name}"
 
 
-def read_series(fork: Fork) -> list[SeriesEntry]:
+def read_series(fork: Fork, need_files: bool = True) -> list[Step]:
     series = fork.patches_dir / "series"
-    entries = []
-    for line in (series.read_text().splitlines() if series.exists() else []):
-        line = line.split(" #")[0].strip()
-        if not line or line.startswith("#"):
+    if not series.exists():
+        raise ForkError(f"{series} does not exist")
+    steps: list[Step] = []
+    for n, line in enumerate(series.read_text().splitlines(), 1):
+        line = line.split("#")[0].strip()
+        if not line:
             continue
-        name, *mods = line.split()
-        if not (fork.patches_dir / name).is_file():
-            raise ForkError(f"patches/series lists {name}, but patches/{name} does not exist")
-        entries.append(SeriesEntry(name, expand_modules(fork, name, mods)))
-    listed = {e.name for e in entries}
-    for p in sorted(fork.patches_dir.glob("*.patch")):
-        if p.name not in listed:
-            print(f"warning: patches/{p.name} is not listed in patches/series (ignored)",
+        m = STEP_RE.match(line)
+        if not m:
+            raise ForkError(f"patches/series:{n}: {line!r} is not NN-stack/NNNN-name.patch")
+        step = Step(line, f"{m[1]}-{m[2]}", m[2], m[4], fork.patches_dir / line)
+        if need_files and not step.path.is_file():
+            raise ForkError(f"patches/series:{n} lists {line}, but patches/{line} does not exist")
+        steps.append(step)
+    seen_names: dict[str, str] = {}
+    stack_order: list[str] = []
+    for s in steps:
+        if s.name in seen_names:
+            raise ForkError(f"step name {s.name!r} is used twice ({seen_names[s.name]}, {s.line})")
+        seen_names[s.name] = s.line
+        if s.stack_dir not in stack_order:
+            stack_order.append(s.stack_dir)
+        elif stack_order[-1] != s.stack_dir:
+            raise ForkError(f"patches/series: {s.line} comes after another stack; a stack's "
+                            "steps must be listed together")
+    if stack_order != sorted(stack_order):
+        raise ForkError(f"patches/series: stacks must be listed in folder order: {stack_order}")
+    listed = {s.line for s in steps}
+    for p in sorted(fork.patches_dir.glob("*/*.patch")):
+        rel = p.relative_to(fork.patches_dir).as_posix()
+        if rel not in listed:
+            print(f"warning: patches/{rel} is not listed in patches/series (ignored)",
                   file=sys.stderr)
-    seen: dict[str, str] = {}
-    for e in entries:
-        for m in e.modules:
-            if m in seen:
-                raise ForkError(f"{m} is assigned to both {seen[m]} and {e.name} in patches/series")
-            seen[m] = e.name
-    return entries
+    return steps
 
 
-def expand_modules(fork: Fork, patch: str, mods: list[str]) -> list[str]:
-    """Series-line module paths -> repo-relative files (a directory means all files in it)."""
-    out = []
-    for m in mods:
-        p = fork.root / m.rstrip("/")
-        if not m.startswith("python/") or not p.exists():
-            raise ForkError(f"patches/series: {patch} lists {m!r}, which is not a file or "
-                            f"directory under python/ in the repo")
-        out += [rel for rel in new_modules(fork) if rel == m or rel.startswith(m.rstrip("/") + "/")]
+def stacks_of(steps: list[Step]) -> list[tuple[str, list[Step]]]:
+    out: list[tuple[str, list[Step]]] = []
+    for s in steps:
+        if not out or out[-1][0] != s.stack_dir:
+            out.append((s.stack_dir, []))
+        out[-1][1].append(s)
     return out
 
 
-def new_modules(fork: Fork) -> list[str]:
-    """Repo-relative posix paths of every fork-written file under python/."""
-    base = fork.root / "python"
-    if not base.is_dir():
-        return []
-    return sorted(p.relative_to(fork.root).as_posix() for p in base.rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+def patch_message(path: Path) -> tuple[str, str]:
+    """(subject, body) of a format-patch mail."""
+    text = path.read_text(errors="surrogateescape")
+    head, _, rest = text.partition("\n\n")
+    subject = ""
+    for m in re.finditer(r"^Subject: (.*(?:\n[ \t].*)*)", head, re.M):
+        subject = re.sub(r"\s*\n\s+", " ", m[1])
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    body = rest.split("\n---\n", 1)[0] if "\n---\n" in rest else ""
+    return subject, body.strip()
 
 
-# ----------------------------------------------------------------------------- patch parsing
-
-HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-GIT_HEADER_RE = re.compile(r"(new file|deleted file|old|new|rename|copy|(dis)?similarity|index) ")
-
-
-@dataclass
-class Hunk:
-    header: str
-    old_start: int
-    old_len: int
-    lines: list[tuple[str, str]] = field(default_factory=list)  # (tag, text incl. newline)
-
-    def side(self, tags: str) -> list[str]:
-        return [text for tag, text in self.lines if tag in tags]
-
-
-@dataclass
-class FilePatch:
-    old: str | None = None  # repo-relative path, None for /dev/null
-    new: str | None = None
-    mode: str | None = None
-    rename: bool = False
-    hunks: list[Hunk] = field(default_factory=list)
-    raw: list[str] = field(default_factory=list)  # exact diff text, reused by export
+def lint_series(steps: list[Step]) -> list[str]:
+    """Problems a reviewer would flag in the messages: empty bodies, history references."""
+    problems = []
+    for s in steps:
+        subject, body = patch_message(s.path)
+        if not subject:
+            problems.append(f"{s.line}: no Subject")
+        if not body:
+            problems.append(f"{s.line}: empty commit message (say what and why)")
+        for pat in (r"\brun \d+\b", r"\bruns \d+", r"\bH200\b", r"not yet measured",
+                    r"\bpatch \d{4}\b"):
+            if re.search(pat, subject + "\n" + body, re.I):
+                problems.append(f"{s.line}: message cites {pat!r} (evidence goes in the "
+                                "cover letter)")
+    return problems
 
 
-@dataclass
-class Patch:
-    name: str
-    author: str | None
-    date: str | None
-    subject: str
-    message: str
-    files: list[FilePatch]
+# ----------------------------------------------------------------------------- git trees
 
-
-def split_lines(text: str) -> list[str]:
-    """Split on '\\n' only (str.splitlines also splits on \\r, \\f, ...), keeping ends."""
-    parts = text.split("\n")
-    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
-
-
-def read_text(path: Path) -> str:
-    return path.read_bytes().decode("utf-8", "surrogateescape")
-
-
-def strip_path(p: str) -> str | None:
-    p = p.rstrip("\n").split("\t")[0]
-    if p == "/dev/null":
-        return None
-    if p.startswith('"'):
-        raise ForkError(f"quoted diff paths are not supported: {p}")
-    return p.split("/", 1)[1] if "/" in p else p  # -p1
-
-
-def parse_patch(path: Path) -> Patch:
-    lines = split_lines(read_text(path))
-    first_diff = next((i for i, l in enumerate(lines) if l.startswith("diff --git ")
-                       or (l.startswith("--- ") and i + 1 < len(lines)
-                           and lines[i + 1].startswith("+++ "))), len(lines))
-    author = date = None
-    subject, message = path.stem, ""
-    head = lines[:first_diff]
-    if head and (head[0].startswith("From ") or re.match(r"[\w-]+: ", head[0])):
-        if head[0].startswith("From ") and not head[0].startswith("From:"):
-            head = head[1:]  # mbox separator line
-        end = next((i for i, l in enumerate(head) if not l.strip()), len(head))
-        hdrs = email.parser.HeaderParser().parsestr("".join(head[:end]))
-
-        def dec(v):
-            return re.sub(r"\s*\n\s*", " ", str(email.header.make_header(
-                email.header.decode_header(v)))).strip() if v else None
-        author, date = dec(hdrs["From"]), dec(hdrs["Date"])
-        subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", dec(hdrs["Subject"]) or path.stem)
-        body = head[end + 1:]
-        sep = next((i for i, l in enumerate(body) if l.rstrip("\n") == "---"), len(body))
-        message = "".join(body[:sep]).strip("\n")
-    return Patch(path.name, author, date, subject, message, parse_diff(lines[first_diff:], path))
-
-
-def parse_diff(lines: list[str], path: Path) -> list[FilePatch]:
-    files: list[FilePatch] = []
-    cur: FilePatch | None = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("diff --git "):
-            cur = FilePatch(raw=[line])
-            files.append(cur)
-            spec = line[len("diff --git "):].rstrip("\n")
-            half = (len(spec) - 1) // 2  # "a/X b/X": split in the middle (handles spaces)
-            cur.old = cur.new = strip_path(spec[half + 1:])
-        elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            if cur is None or cur.hunks:  # plain unified diff without a git header
-                cur = FilePatch()
-                files.append(cur)
-            cur.old, cur.new = strip_path(line[4:]), strip_path(lines[i + 1][4:])
-            cur.raw += [line, lines[i + 1]]
-            i += 1
-        elif cur is not None and line.startswith("@@"):
-            i = parse_hunk(lines, i, cur, path)
-            continue
-        elif cur is not None and not cur.hunks and GIT_HEADER_RE.match(line):
-            cur.raw.append(line)
-            word = line.split()
-            if line.startswith("new file mode") or line.startswith("new mode"):
-                cur.mode = word[-1]
-            if line.startswith("new file mode"):
-                cur.old = None
-            elif line.startswith("deleted file mode"):
-                cur.new = None
-            elif line.startswith("rename from ") or line.startswith("copy from "):
-                cur.old = line.split(" ", 2)[2].rstrip("\n")
-                cur.rename = line.startswith("rename")
-            elif line.startswith("rename to ") or line.startswith("copy to "):
-                cur.new = line.split(" ", 2)[2].rstrip("\n")
-        elif line.startswith("GIT binary patch") or line.startswith("Binary files "):
-            raise ForkError(f"{path.name}: binary diffs are not supported ({cur and cur.new})")
-        i += 1
-    return files
-
-
-def parse_hunk(lines: list[str], i: int, fp: FilePatch, path: Path) -> int:
-    m = HUNK_RE.match(lines[i])
-    if not m:
-        raise ForkError(f"{path.name}: malformed hunk header {lines[i].rstrip()!r}")
-    old_n = int(m[2]) if m[2] is not None else 1
-    new_n = int(m[4]) if m[4] is not None else 1
-    h = Hunk(lines[i].rstrip("\n"), int(m[1]), old_n)
-    fp.hunks.append(h)
-    fp.raw.append(lines[i])
-    i += 1
-    # Hunks are consumed by their line counts, so trailing "-- \n2.43.0" signatures are safe.
-    while i < len(lines) and (old_n > 0 or new_n > 0 or lines[i].startswith("\\")):
-        line = lines[i]
-        tag, text = (line[0], line[1:]) if line not in ("\n", "") else (" ", line)
-        if tag == "\\":  # "\ No newline at end of file" applies to the previous line
-            t, prev = h.lines[-1]
-            h.lines[-1] = (t, prev.rstrip("\n"))
-        elif tag in " -+":
-            h.lines.append((tag, text))
-            old_n -= tag in " -"
-            new_n -= tag in " +"
-        else:
-            raise ForkError(f"{path.name}: hunk {h.header!r} is truncated or corrupt at line "
-                            f"{line.rstrip()!r}")
-        fp.raw.append(line)
-        i += 1
-    if old_n > 0 or new_n > 0:
-        raise ForkError(f"{path.name}: hunk {h.header!r} ends early (patch file truncated?)")
-    return i
-
-
-# ----------------------------------------------------------------------------- patch applying
-
-def find_block(lines: list[str], block: list[str], want: int, lo: int) -> int | None:
-    """Exact match of block nearest to index `want`, not before `lo` (offset, never fuzz)."""
-    hi = len(lines) - len(block)
-    want = min(max(want, lo), max(hi, lo))
-    for d in range(0, max(want - lo, hi - want) + 1):
-        for pos in ((want + d, want - d) if d else (want,)):
-            if lo <= pos <= hi and lines[pos:pos + len(block)] == block:
-                return pos
-    return None
-
-
-def apply_hunks(text_lines: list[str], fp: FilePatch, patch: str, target: str) -> list[str]:
-    out: list[str] = []
-    src = offset = 0
-    for n, h in enumerate(fp.hunks, 1):
-        old, new = h.side(" -"), h.side(" +")
-        stated = h.old_start - 1 if h.old_len else h.old_start
-        pos = find_block(text_lines, old, stated + offset, src)
-        if pos is None:
-            raise ForkError(hunk_failure(text_lines, old, new, stated + offset,
-                                         patch, target, n, h))
-        out += text_lines[src:pos] + new
-        src, offset = pos + len(old), pos - stated
-    return out + text_lines[src:]
-
-
-def hunk_failure(lines, old, new, at, patch, target, n, h) -> str:
-    # Report against the best partial match (most equal lines, nearest the stated line):
-    # with offsets allowed, that is where the author most likely meant the hunk to go.
-    def score(p):  # blank lines match anywhere, so they do not count
-        return sum(a == b and len(a.strip()) > 1 for a, b in zip(lines[p:p + len(old)], old))
-    cands = range(max(len(lines) - len(old), 0) + 1)
-    best = max(cands, key=lambda p: (score(p), -abs(p - at)), default=0)
-    stated, at = at, best if score(best) else max(0, min(at, len(lines)))
-    where = "no mismatch at the stated position (overlaps an earlier hunk?)"
-    for j, want in enumerate(old):
-        got = lines[at + j] if at + j < len(lines) else None
-        if got != want:
-            kind = "context" if h.side(" ").count(want) else "removed"
-            where = (f"first {kind} line that did not match, {target}:{at + j + 1}: "
-                     f"expected {want!r}, found {got!r}" if got is not None else
-                     f"expected {kind} line {want!r} at {target}:{at + j + 1}, found end of file")
-            break
-    if at != stated:
-        where += f"\n  (closest partial match; the hunk states line {stated + 1})"
-    msg = (f"patch {patch} does not apply to {target}: hunk #{n} {h.header}\n  {where}\n"
-           f"  (exact context required; offsets are searched, fuzz is not allowed)")
-    if new and find_block(lines, new, at, 0) is not None:
-        msg += "\n  hint: the hunk's result is already present - is the change upstream now?"
-    return msg
-
-
-def apply_patch(patch: Patch, tree: Path) -> None:
-    for fp in patch.files:
-        src = tree / safe_rel(fp.old) if fp.old else None
-        dst = tree / safe_rel(fp.new) if fp.new else None
-        if src is None and dst.exists():
-            raise ForkError(f"patch {patch.name} creates {fp.new}, which already exists")
-        if src is not None and not src.is_file():
-            raise ForkError(f"patch {patch.name} modifies {fp.old}, which does not exist in the "
-                            f"materialized tree (only python/sglang from the wheel is present)")
-        lines = split_lines(read_text(src)) if src else []
-        result = apply_hunks(lines, fp, patch.name, fp.old or fp.new)
-        if dst is None:
-            if result:
-                raise ForkError(f"patch {patch.name} deletes {fp.old}, but content would remain")
-            src.unlink()
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes("".join(result).encode("utf-8", "surrogateescape"))
-        if fp.mode:
-            dst.chmod(0o755 if fp.mode.endswith("755") else 0o644)
-        if fp.rename and src != dst:
-            src.unlink()
-
-
-# ----------------------------------------------------------------------------- materialize
-
-@dataclass
-class Materialized:
-    dest: Path
-    wheel: Path
-    patches: list[Patch]
-    modules: list[str]
+def git(cwd: Path, *args: str, check: bool = True, input: str | None = None
+        ) -> subprocess.CompletedProcess:
+    env = {**os.environ, **GIT_IDENTITY, "GIT_CONFIG_NOSYSTEM": "1"}
+    cmd = ["git", "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false",
+           "-c", "init.defaultBranch=main", "-c", "gc.auto=0", *args]
+    res = subprocess.run(cmd, cwd=cwd, env=env, input=input, capture_output=True, text=True,
+                         errors="surrogateescape")
+    if check and res.returncode:
+        raise ForkError(f"git {' '.join(args)} failed in {cwd}:\n{res.stdout}{res.stderr}")
+    return res
 
 
 def prepare_dest(dest: Path, force: bool) -> None:
@@ -470,51 +299,134 @@ def prepare_dest(dest: Path, force: bool) -> None:
         raise ForkError(f"{dest} exists and is not empty; pass --force to replace it")
 
 
-def materialize(fork: Fork, dest: Path, key: str | None = None, force: bool = False,
-                strict: bool = False, quiet: bool = False,
-                upto: str | None = None) -> Materialized:
-    dest = Path(dest).resolve()
-    prepare_dest(dest, force)
+def create_base(fork: Fork, dest: Path, key: str | None = None, strict: bool = False) -> Path:
+    """The wheel's package as a git repository in upstream's layout, tagged fork-base."""
     pin = fork.pin
     wheel = fetch_wheel(fork, pick_key(fork, key, strict))
-    series = read_series(fork)
-    if upto:  # stop before this patch, to rework it
-        names = [e.name for e in series]
+    unpack_package(wheel, pin["name"], dest)
+    git(dest, "init", "-q")
+    (dest / ".git" / "info").mkdir(parents=True, exist_ok=True)
+    (dest / ".git" / "info" / "exclude").write_text("__pycache__/\n*.pyc\n")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", f"{pin['name']} {pin['version']} (wheel files)")
+    git(dest, "tag", BASE_TAG)
+    return wheel
+
+
+def apply_step(tree: Path, step: Step) -> None:
+    """`git am` one step; on failure leave the tree as it was and say why."""
+    res = git(tree, "am", "-q", "--keep-cr", str(step.path), check=False)
+    if res.returncode:
+        git(tree, "am", "--abort", check=False)
+        raise ForkError(f"step {step.line} does not apply (git am, exact context):\n"
+                        f"{(res.stdout + res.stderr).strip()}\n"
+                        "rebuild it on the steps before it: tools/fork.py materialize, "
+                        "git rebase -i, tools/fork.py import")
+
+
+def changed_files(tree: Path, rev_range: str) -> dict[str, str]:
+    """{path: status letter} of what rev_range changes (A added, M modified, D deleted)."""
+    out = git(tree, "diff", "--name-status", "--no-renames", rev_range).stdout
+    return {line.split("\t", 1)[1]: line[0] for line in out.splitlines() if line}
+
+
+@dataclass
+class Materialized:
+    dest: Path
+    wheel: Path
+    steps: list[Step]
+    created: list[str] = field(default_factory=list)  # new files of the whole series
+
+
+def materialize(fork: Fork, dest: Path, key: str | None = None, force: bool = False,
+                strict: bool = False, quiet: bool = False, upto: str | None = None,
+                check_mirror: bool = True) -> Materialized:
+    """Apply the series (or the steps before ``upto``) onto the wheel in a git repo."""
+    dest = Path(dest).resolve()
+    prepare_dest(dest, force)
+    steps = read_series(fork)
+    if upto:  # stop before this step, to rework it
+        names = [s.line for s in steps] + [s.name for s in steps]
         if upto not in names:
-            raise ForkError(f"--upto {upto}: not listed in patches/series")
-        series = series[:names.index(upto)]
+            raise ForkError(f"--upto {upto}: not a step of patches/series")
+        steps = steps[:names.index(upto) % len(steps)]
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:  # build next to dest and swap in, so a failure leaves no half tree
-        unpack_package(wheel, pin["name"], tmp)
-        with zipfile.ZipFile(wheel) as z:
-            upstream = {"python/" + n for n in z.namelist() if n.startswith(pin["name"] + "/")}
-        patches = []
-        for e in series:
-            patch = parse_patch(fork.patches_dir / e.name)
-            apply_patch(patch, tmp)
-            patches.append(patch)
+        wheel = create_base(fork, tmp, key, strict)
+        for s in steps:
+            apply_step(tmp, s)
             if not quiet:
-                print(f"applied {e.name} ({len(patch.files)} files)", file=sys.stderr)
-        modules = new_modules(fork)
-        for rel in modules:
-            target = tmp / rel
-            if rel in upstream:
-                raise ForkError(f"new module {rel} also exists upstream in {pin['name']} "
-                                f"{pin['version']}; change upstream files with a patch instead")
-            if target.exists():
-                raise ForkError(f"new module {rel} collides with a file created by a patch")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(fork.root / rel, target)
+                print(f"applied {s.line}", file=sys.stderr)
+        created = sorted(p for p, st in changed_files(tmp, f"{BASE_TAG}..HEAD").items()
+                         if st == "A")
+        if check_mirror and not upto:
+            verify_mirror(fork, tmp, created)
         if dest.exists():
             shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
         tmp.rename(dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not quiet:
-        print(f"materialized {pin['name']} {pin['version']} + {len(patches)} patches + "
-              f"{len(modules)} new modules into {dest}", file=sys.stderr)
-    return Materialized(dest, wheel, patches, modules)
+        print(f"materialized {fork.pin['name']} {fork.pin['version']} + {len(steps)} steps "
+              f"into {dest}", file=sys.stderr)
+    return Materialized(dest, wheel, steps, created)
+
+
+def mirror_files(fork: Fork) -> list[str]:
+    base = fork.root / "python"
+    if not base.is_dir():
+        return []
+    return sorted(p.relative_to(fork.root).as_posix() for p in base.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+
+
+def verify_mirror(fork: Fork, tree: Path, created: list[str]) -> None:
+    """python/ must hold exactly the files the series creates, at their final content."""
+    mirror = set(mirror_files(fork))
+    problems = []
+    for rel in created:
+        if rel not in mirror:
+            problems.append(f"{rel} is created by the series but missing from python/")
+        elif (fork.root / rel).read_bytes() != (tree / rel).read_bytes():
+            problems.append(f"{rel} differs from what the series creates")
+    for rel in sorted(mirror - set(created)):
+        problems.append(f"{rel} is in python/ but no step creates it")
+    if problems:
+        raise ForkError("python/ is not the series' new modules at their final content:\n  "
+                        + "\n  ".join(problems) + "\nput the change into the step that "
+                        "owns it (tools/fork.py materialize, git rebase -i, tools/fork.py "
+                        "import); import rewrites python/")
+
+
+def import_tree(fork: Fork, tree: Path) -> list[str]:
+    """Write the commits after fork-base in ``tree`` back as the series' patches, in order,
+    and python/ as the new modules at their final content."""
+    tree = Path(tree)
+    steps = read_series(fork, need_files=False)
+    commits = git(tree, "rev-list", "--reverse", f"{BASE_TAG}..HEAD").stdout.split()
+    if len(commits) != len(steps):
+        raise ForkError(f"{tree} has {len(commits)} commits after {BASE_TAG}, patches/series "
+                        f"lists {len(steps)} steps: list a new step in patches/series first "
+                        "(or remove a dropped one)")
+    written = []
+    for sha, s in zip(commits, steps):
+        mail = git(tree, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
+                   sha).stdout
+        s.path.parent.mkdir(parents=True, exist_ok=True)
+        if not s.path.exists() or s.path.read_text(errors="surrogateescape") != mail:
+            s.path.write_text(mail, errors="surrogateescape")
+            written.append(s.line)
+    created = sorted(p for p, st in changed_files(tree, f"{BASE_TAG}..HEAD").items()
+                     if st == "A")
+    for rel in mirror_files(fork):
+        if rel not in created:
+            (fork.root / rel).unlink()
+    for rel in created:
+        target = fork.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tree / rel, target)
+    return written
 
 
 # ----------------------------------------------------------------------------- install
@@ -598,72 +510,223 @@ def install(fork: Fork, venv: str, deps_check: bool = True) -> None:
                             "or pass --no-deps-check")
 
 
+# ----------------------------------------------------------------------------- per-step check
+
+@dataclass
+class MarkedTest:
+    nodeid: str              # test/srt/test_x.py::test_y (or ::TestClass)
+    stack: str
+    step: str | None = None  # None: after the stack's last step
+    fails_before: bool = False
+
+
+def _stack_mark(decorators) -> dict | None:
+    """The arguments of a pytest.mark.stack(...) among these expressions, or None."""
+    for d in decorators:
+        for node in (d.elts if isinstance(d, (ast.List, ast.Tuple)) else [d]):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "stack" and ast.unparse(node.func.value)
+                    in ("pytest.mark", "mark")):
+                if len(node.args) != 1 or not isinstance(node.args[0], ast.Constant):
+                    raise ForkError(f"pytest.mark.stack takes one literal stack name: "
+                                    f"{ast.unparse(node)}")
+                kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+                bad = set(kw) - {"step", "fails_before"}
+                if bad:
+                    raise ForkError(f"pytest.mark.stack: unknown argument(s) {sorted(bad)}")
+                return {"stack": node.args[0].value, **kw}
+    return None
+
+
+def collect_marked_tests(fork: Fork) -> tuple[list[MarkedTest], list[str]]:
+    """Every test function/class of TEST_DIRS with the stack it belongs to, read from the
+    source (importing a test module at a step before its feature would fail). Returns
+    the tests and the test files without any marker."""
+    tests, unmarked = [], []
+    for d in TEST_DIRS:
+        for path in sorted((fork.root / d).glob("test_*.py")):
+            rel = path.relative_to(fork.root).as_posix()
+            mod = ast.parse(path.read_text(), rel)
+            module_mark = None
+            for node in mod.body:
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                        and isinstance(node.targets[0], ast.Name)
+                        and node.targets[0].id == "pytestmark"):
+                    module_mark = _stack_mark([node.value])
+            found = False
+            for node in mod.body:
+                is_test = ((isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            and node.name.startswith("test"))
+                           or (isinstance(node, ast.ClassDef) and node.name.startswith("Test")))
+                if not is_test:
+                    continue
+                mark = _stack_mark(node.decorator_list) or module_mark
+                if mark is None:
+                    continue
+                found = True
+                tests.append(MarkedTest(f"{rel}::{node.name}", mark["stack"], mark.get("step"),
+                                        bool(mark.get("fails_before", False))))
+            if not found:
+                unmarked.append(rel)
+    return tests, unmarked
+
+
+def validate_marks(tests: list[MarkedTest], steps: list[Step]) -> None:
+    stacks = {s.stack for s in steps}
+    names = {s.name: s.stack for s in steps}
+    for t in tests:
+        if t.stack not in stacks:
+            raise ForkError(f"{t.nodeid}: unknown stack {t.stack!r} (stacks: {sorted(stacks)})")
+        if t.step is not None and names.get(t.step) != t.stack:
+            raise ForkError(f"{t.nodeid}: {t.step!r} is not a step of stack {t.stack!r}")
+
+
+def python_modules(paths: list[str]) -> list[str]:
+    """python/sglang/a/b.py -> sglang.a.b (packages by their __init__)."""
+    mods = []
+    for p in paths:
+        if p.startswith("python/") and p.endswith(".py"):
+            parts = p[len("python/"):-3].split("/")
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods.append(".".join(parts))
+    return mods
+
+
+IMPORT_PROBE = """\
+import importlib, sys, traceback
+bad = 0
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        bad += 1
+        print(f"import {name} failed:", file=sys.stderr)
+        traceback.print_exc()
+sys.exit(1 if bad else 0)
+"""
+
+
+@dataclass
+class StepReport:
+    step: Step
+    seconds: float
+    imported: int
+    tests: int
+    proofs: list[str]
+
+
+def _tree_env(tree: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(tree / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _pytest(fork: Fork, python: str, tree: Path, nodeids: list[str]) -> subprocess.CompletedProcess:
+    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *nodeids]
+    return subprocess.run(cmd, cwd=fork.root, env=_tree_env(tree), capture_output=True,
+                          text=True)
+
+
+def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
+               stack: str | None = None, log=print) -> list[StepReport]:
+    """Every step is a working tree: applied in order with git am, each step's touched
+    modules byte-compile and import from the tree, and its tests pass there (those
+    marked fails_before also fail just before it)."""
+    python = python or sys.executable
+    steps = read_series(fork)
+    problems = lint_series(steps)
+    if problems:
+        raise ForkError("patch messages:\n  " + "\n  ".join(problems))
+    tests, unmarked = collect_marked_tests(fork)
+    if unmarked:
+        raise ForkError("test files with no pytest.mark.stack (which stack do they test?): "
+                        + ", ".join(unmarked))
+    validate_marks(tests, steps)
+    last_of_stack = {st[-1].name for _, st in stacks_of(steps)}
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="fork-each-") as tmp:
+        tree = Path(tmp) / "tree"
+        tree.mkdir()
+        create_base(fork, tree)
+        for s in steps:
+            t0 = time.monotonic()
+            selected = run_tests and (stack is None or s.stack == stack)
+            wanted = [t for t in tests if t.stack == s.stack and (
+                t.step == s.name or (t.step is None and s.name in last_of_stack))]
+            proofs = [t.nodeid for t in wanted if t.fails_before] if selected else []
+            if proofs:  # the tree is still the step before this one
+                res = _pytest(fork, python, tree, proofs)
+                if res.returncode in (0, 5):
+                    raise ForkError(f"{', '.join(proofs)} pass(es) before step {s.line} "
+                                    "exists; a test marked fails_before must fail there:\n"
+                                    + res.stdout[-3000:])
+            apply_step(tree, s)
+            touched = [p for p, st in changed_files(tree, "HEAD~1..HEAD").items() if st != "D"]
+            py = [p for p in touched if p.endswith(".py")]
+            for p in py:
+                res = subprocess.run([python, "-c", "import sys; compile(open(sys.argv[1]).read(), "
+                                      "sys.argv[1], 'exec')", str(tree / p)],
+                                     capture_output=True, text=True)
+                if res.returncode:
+                    raise ForkError(f"step {s.line}: {p} does not compile:\n{res.stderr}")
+            mods = python_modules(py)
+            if mods:
+                res = subprocess.run([python, "-c", IMPORT_PROBE, *mods], env=_tree_env(tree),
+                                     cwd=tmp, capture_output=True, text=True)
+                if res.returncode:
+                    raise ForkError(f"step {s.line}: a module it touches does not import:\n"
+                                    + res.stderr[-6000:])
+            ran = 0
+            if selected and wanted:
+                res = _pytest(fork, python, tree, [t.nodeid for t in wanted])
+                if res.returncode:
+                    raise ForkError(f"step {s.line}: its tests fail:\n{res.stdout[-8000:]}"
+                                    f"{res.stderr[-2000:]}")
+                ran = len(wanted)
+            rep = StepReport(s, time.monotonic() - t0, len(mods), ran, proofs)
+            reports.append(rep)
+            log(f"ok {s.line}: {len(mods)} modules import, {ran} tests pass"
+                + (f", {len(proofs)} fail one step earlier" if proofs else "")
+                + f" ({rep.seconds:.0f} s)")
+        created = sorted(p for p, st in changed_files(tree, f"{BASE_TAG}..HEAD").items()
+                         if st == "A")
+        verify_mirror(fork, tree, created)
+    return reports
+
+
 # ----------------------------------------------------------------------------- export
 
-def git_blob_sha(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def new_file_diff(root: Path, rel: str) -> str:
-    data = (root / rel).read_bytes()
-    try:
-        if b"\0" in data:
-            raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ForkError(f"cannot export binary new module {rel}") from None
-    mode = "100755" if os.access(root / rel, os.X_OK) else "100644"
-    out = [f"diff --git a/{rel} b/{rel}\n", f"new file mode {mode}\n",
-           f"index 0000000..{git_blob_sha(data)}\n"]
-    lines = split_lines(text)
-    if lines:  # git writes no ---/+++ lines for an empty new file
-        out += ["--- /dev/null\n", f"+++ b/{rel}\n",
-                f"@@ -0,0 +1{'' if len(lines) == 1 else f',{len(lines)}'} @@\n"]
-        out += ["+" + l for l in lines]
-        if not lines[-1].endswith("\n"):
-            out += ["\n", "\\ No newline at end of file\n"]
-    return "".join(out)
-
-
-def slug(subject: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:52].rstrip("-") or "patch"
-
-
-def mail(subject: str, message: str, diff: str, author: str | None, date: str | None) -> str:
-    head = (f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
-            f"From: {author or FIXED_AUTHOR}\nDate: {date or FIXED_DATE}\n"
-            f"Subject: [PATCH] {subject}\nMIME-Version: 1.0\n"
-            f"Content-Type: text/plain; charset=UTF-8\nContent-Transfer-Encoding: 8bit\n\n")
-    return head + (message + "\n" if message else "") + "---\n\n" + diff + "-- \nsglang-fork\n\n"
-
-
 def export(fork: Fork, outdir: Path, force: bool = False) -> list[str]:
+    """OUTDIR/NN-stack/: the stack's patches (git am, in order) and cover-letter.md.
+    A reviewer applies stacks 1..k-1 and reviews stack k.  Every step is applied to a
+    fresh copy of the wheel first, so an export never holds a patch that does not apply."""
     outdir = Path(outdir)
     prepare_dest(outdir, force)
+    steps = read_series(fork)
+    with tempfile.TemporaryDirectory(prefix="fork-export-") as tmp:
+        materialize(fork, Path(tmp) / "tree", quiet=True)
     if outdir.exists():
         shutil.rmtree(outdir)
     outdir.mkdir(parents=True)
-    series = read_series(fork)
-    assigned = {m for e in series for m in e.modules}
-    items = [(parse_patch(fork.patches_dir / e.name), e.modules) for e in series]
-    rest = [m for m in new_modules(fork) if m not in assigned]
-    if rest:
-        items.append((Patch("rest", None, None, "feat: add remaining fork modules", "", []), rest))
-    names = []
-    for patch, mods in items:
-        diff = "".join("".join(fp.raw) for fp in patch.files)
-        diff += "".join(new_file_diff(fork.root, m) for m in mods)
-        if not diff:
-            print(f"warning: {patch.name} is empty; skipped", file=sys.stderr)
-            continue
-        name = f"{len(names) + 1:04d}-{slug(patch.subject)}.patch"
-        (outdir / name).write_bytes(mail(patch.subject, patch.message, diff, patch.author,
-                                         patch.date).encode("utf-8", "surrogateescape"))
-        names.append(name)
-    (outdir / "series").write_text("".join(n + "\n" for n in names))
-    print(f"exported {len(names)} patches into {outdir} "
-          f"(apply to a pristine tree with: git am {outdir}/*.patch)", file=sys.stderr)
-    return names
+    written = []
+    for stack_dir, st in stacks_of(steps):
+        letter = fork.patches_dir / stack_dir / "cover-letter.md"
+        if not letter.is_file():
+            raise ForkError(f"patches/{stack_dir}/cover-letter.md is missing: each stack is "
+                            "a pull request and needs its description")
+        (outdir / stack_dir).mkdir()
+        shutil.copy2(letter, outdir / stack_dir / "cover-letter.md")
+        for s in st:
+            shutil.copy2(s.path, outdir / s.line)
+            written.append(s.line)
+    (outdir / "series").write_text("".join(w + "\n" for w in written))
+    print(f"exported {len(written)} patches in {len(stacks_of(steps))} stacks into {outdir}; "
+          f"apply onto a clean tree stack by stack: git am {outdir}/01-*/*.patch, ...",
+          file=sys.stderr)
+    return written
 
 
 # ----------------------------------------------------------------------------- overlay / misc
@@ -673,53 +736,65 @@ def overlay(fork: Fork, dest: Path) -> list[str]:
     name = fork.pin["name"]
     with tempfile.TemporaryDirectory() as tmp:
         res = materialize(fork, Path(tmp) / "tree", quiet=True)
-        pkg = res.dest / "python"
-        with zipfile.ZipFile(res.wheel) as z:
-            pristine = {n: z.read(n) for n in z.namelist()
-                        if n.startswith(name + "/") and not n.endswith("/")}
-        current = {p.relative_to(pkg).as_posix(): p for p in (pkg / name).rglob("*") if p.is_file()}
-        changed = sorted(rel for rel, p in current.items() if pristine.get(rel) != p.read_bytes())
+        rng = f"{BASE_TAG}..HEAD"
+        changes = changed_files(res.dest, rng)
+        prefix = f"python/{name}/"
+        changed = sorted(p[len("python/"):] for p, st in changes.items()
+                         if st != "D" and p.startswith(prefix))
         for rel in changed:
             target = Path(dest) / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(current[rel], target)
-    for rel in sorted(set(pristine) - set(current)):
-        print(f"warning: {rel} is deleted by the series; remove it from the target by hand",
-              file=sys.stderr)
+            shutil.copy2(res.dest / "python" / rel, target)
+        for p, st in sorted(changes.items()):
+            if st == "D":
+                print(f"warning: {p} is deleted by the series; remove it from the target "
+                      "by hand", file=sys.stderr)
     return changed
 
 
 def diffstat(fork: Fork) -> str:
     out = []
-    for e in read_series(fork):
-        patch = parse_patch(fork.patches_dir / e.name)
-        out.append(f"{e.name}: {patch.subject}")
-        for fp in patch.files:
-            plus = sum(t == "+" for h in fp.hunks for t, _ in h.lines)
-            minus = sum(t == "-" for h in fp.hunks for t, _ in h.lines)
-            out.append(f"  {fp.new or fp.old}  +{plus} -{minus}")
-        for m in e.modules:
-            out.append(f"  {m}  (new module)")
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        tree.mkdir()
+        create_base(fork, tree)
+        for stack_dir, st in stacks_of(read_series(fork)):
+            out.append(f"{stack_dir}")
+            for s in st:
+                apply_step(tree, s)
+                subject, _ = patch_message(s.path)
+                out.append(f"  {s.name}: {subject}")
+                stat = git(tree, "diff", "--numstat", "HEAD~1..HEAD").stdout
+                for line in stat.splitlines():
+                    plus, minus, path = line.split("\t")
+                    out.append(f"    {path}  +{plus} -{minus}")
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fork.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("materialize", help="upstream wheel + series + new modules into DIR")
+    p = sub.add_parser("materialize", help="upstream wheel + series, one commit per step")
     p.add_argument("dir", type=Path)
     p.add_argument("--force", action="store_true", help="replace a non-empty DIR")
-    p.add_argument("--upto", metavar="PATCH", help="apply only the series entries before PATCH")
+    p.add_argument("--upto", metavar="STEP", help="apply only the steps before STEP")
     p = sub.add_parser("install", help="build the fork wheel and pip install it into the venv")
     p.add_argument("--venv", default=".venv")
     p.add_argument("--no-deps-check", action="store_true")
-    p = sub.add_parser("export", help="git-am-able series against pristine upstream")
+    p = sub.add_parser("export", help="per-stack folders of git-am-able patches + cover letters")
     p.add_argument("outdir", type=Path)
     p.add_argument("--force", action="store_true", help="replace a non-empty OUTDIR")
+    p = sub.add_parser("import", help="write a materialized tree's commits back as the series")
+    p.add_argument("dir", type=Path)
     p = sub.add_parser("overlay", help="only changed/new files as DIR/sglang/...")
     p.add_argument("dir", type=Path)
-    sub.add_parser("check", help="materialize into a temp dir and report")
-    sub.add_parser("diffstat", help="files and +/- lines per patch")
+    p = sub.add_parser("check", help="materialize and verify; --each checks every step")
+    p.add_argument("--each", action="store_true",
+                   help="per step: git am, byte-compile and import what it touches, run its tests")
+    p.add_argument("--python", help="interpreter that imports and tests (default: this one)")
+    p.add_argument("--stack", help="with --each: run the tests of this stack only")
+    p.add_argument("--no-tests", action="store_true", help="with --each: apply and import only")
+    sub.add_parser("diffstat", help="files and +/- lines per step")
     args = ap.parse_args(argv)
     fork = fork or Fork()
     try:
@@ -729,14 +804,30 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
             install(fork, args.venv, deps_check=not args.no_deps_check)
         elif args.cmd == "export":
             export(fork, args.outdir, force=args.force)
+        elif args.cmd == "import":
+            written = import_tree(fork, args.dir)
+            print(f"imported {args.dir}: {len(written)} patches rewritten"
+                  + "".join(f"\n  {w}" for w in written))
         elif args.cmd == "overlay":
             for rel in overlay(fork, args.dir):
                 print(rel)
+        elif args.cmd == "check" and args.each:
+            t0 = time.monotonic()
+            reports = check_each(fork, args.python, run_tests=not args.no_tests,
+                                 stack=args.stack, log=lambda m: print(m, flush=True))
+            print(f"ok: all {len(reports)} steps apply, import and pass their tests "
+                  f"({sum(r.tests for r in reports)} test selections, "
+                  f"{sum(len(r.proofs) for r in reports)} fail one step earlier; "
+                  f"{time.monotonic() - t0:.0f} s)")
         elif args.cmd == "check":
+            problems = lint_series(read_series(fork))
+            if problems:
+                raise ForkError("patch messages:\n  " + "\n  ".join(problems))
             with tempfile.TemporaryDirectory() as tmp:
                 res = materialize(fork, Path(tmp) / "tree", quiet=True)
-            print(f"ok: {fork.pin['name']} {fork.pin['version']} + {len(res.patches)} patches "
-                  f"+ {len(res.modules)} new modules apply cleanly")
+            print(f"ok: {fork.pin['name']} {fork.pin['version']} + {len(res.steps)} steps "
+                  f"in {len(stacks_of(res.steps))} stacks apply; python/ mirrors their "
+                  f"{len(res.created)} new files")
         elif args.cmd == "diffstat":
             print(diffstat(fork))
     except ForkError as e:

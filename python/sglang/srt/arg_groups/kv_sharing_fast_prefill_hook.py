@@ -27,6 +27,11 @@ logger = logging.getLogger(__name__)
 
 FLAG = "--kv-sharing-fast-prefill"
 
+# --kv-sharing-fast-prefill-min-tokens when unset: below it, a prefill pass is
+# bound by kernel launches and an eager back half costs about as much host time
+# as it saves.
+DEFAULT_MIN_TOKENS = 4096
+
 # Target architectures whose text stack is gemma4_causal.Gemma4TextModel.
 GEMMA4_ARCHITECTURES = (
     "Gemma4ForCausalLM",
@@ -255,7 +260,6 @@ def _handle_prefill_cuda_graph(server_args: ServerArgs, min_tokens: int) -> None
 def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     """Validate --kv-sharing-fast-prefill; may cap or turn off the prefill graph."""
     from sglang.srt.arg_groups.overrides import resolved_view
-    from sglang.srt.layers.kv_sharing_fast_prefill import DEFAULT_MIN_TOKENS
 
     view = resolved_view(server_args)
     if not view.kv_sharing_fast_prefill:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence
 
 import torch
 
+from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import DEFAULT_MIN_TOKENS
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import get_attn_backend
 
@@ -51,11 +52,6 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 logger = logging.getLogger(__name__)
-
-# --kv-sharing-fast-prefill-min-tokens when unset and the back half runs eager,
-# or a prefill CUDA graph replays the smaller passes: below it, an eager back half
-# costs about as much host time as it saves.
-DEFAULT_MIN_TOKENS = 4096
 
 # Persistent per-backend index buffers that init_forward_metadata writes in place
 # (a reference to the old ForwardMetadata would not protect them): triton's.
@@ -311,9 +307,9 @@ def _set_back_half_window(backend, fb: ForwardBatch, full_prefix_lens_cpu) -> No
 
     Extend-shaped: the cached keys before the token, starting where the full
     pass's key list started (prefix - min(prefix, W)), so the unified kernel
-    blocks them exactly as in the full pass. Decode-shaped needs nothing: since
-    patch 0021 triton's decode metadata keeps the last W + 1 keys, the window of
-    the full pass's extend kernel (q - k <= W, W = sliding_window - 1).
+    blocks them exactly as in the full pass. Decode-shaped needs nothing: triton's
+    decode metadata keeps the last W + 1 keys, the window of the full pass's
+    extend kernel (q - k <= W, W = sliding_window - 1).
 
     trtllm_mha needs nothing here: its metadata carries no window; its prefill
     and decode kernels both get window_left = W and keep keys k >= p - W for
