@@ -33,11 +33,13 @@ Commands (python3 tools/fork.py CMD --help):
 Tests name the step they belong to with a marker that `check --each` reads statically:
     pytestmark = pytest.mark.stack("yoco-model")                    # the stack's last step
     @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")  # that step
-    @pytest.mark.stack(..., fails_before=True)   # also run one step earlier: must fail
+    @pytest.mark.stack(..., fails_before=True)   # must fail before it (see below)
 A stack's name is its folder without the number; a step's name is its patch file's
 name without number and suffix.  Step tests run right after their step, stack tests
-after the stack's last step; `fails_before` ones also run just before, where they must
-fail (a test that passes before its feature exists tests nothing).
+after the stack's last step.  `fails_before` ones also run on the tree just before
+their step (a stack test: just before the stack's first step), where they must fail:
+a test that passes before its feature exists tests nothing.  Every test file of
+test/srt carries a marker, so no product test goes unowned.
 
 Authoring (reworking any step, or adding one):
     python3 tools/fork.py materialize build/edit       # one commit per step
@@ -344,12 +346,16 @@ def materialize(fork: Fork, dest: Path, key: str | None = None, force: bool = Fa
     """Apply the series (or the steps before ``upto``) onto the wheel in a git repo."""
     dest = Path(dest).resolve()
     prepare_dest(dest, force)
-    steps = read_series(fork)
-    if upto:  # stop before this step, to rework it
+    steps = read_series(fork, need_files=not upto)
+    if upto:  # stop before this step, to rework it (its patch may not exist yet)
         names = [s.line for s in steps] + [s.name for s in steps]
         if upto not in names:
             raise ForkError(f"--upto {upto}: not a step of patches/series")
         steps = steps[:names.index(upto) % len(steps)]
+        for s in steps:
+            if not s.path.is_file():
+                raise ForkError(f"patches/series lists {s.line}, but patches/{s.line} "
+                                "does not exist")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:  # build next to dest and swap in, so a failure leaves no half tree
@@ -593,6 +599,12 @@ def python_modules(paths: list[str]) -> list[str]:
     return mods
 
 
+COMPILE_PROBE = """\
+import sys
+for path in sys.argv[1:]:
+    with open(path, encoding="utf-8") as f:
+        compile(f.read(), path, "exec", dont_inherit=True)
+"""
 IMPORT_PROBE = """\
 import importlib, sys, traceback
 bad = 0
@@ -635,7 +647,7 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     """Every step is a working tree: applied in order with git am, each step's touched
     modules byte-compile and import from the tree, and its tests pass there (those
     marked fails_before also fail just before it)."""
-    python = python or sys.executable
+    python = os.path.abspath(python) if python else sys.executable
     steps = read_series(fork)
     problems = lint_series(steps)
     if problems:
@@ -646,6 +658,7 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
                         + ", ".join(unmarked))
     validate_marks(tests, steps)
     last_of_stack = {st[-1].name for _, st in stacks_of(steps)}
+    first_of_stack = {st[0].name for _, st in stacks_of(steps)}
     reports = []
     with tempfile.TemporaryDirectory(prefix="fork-each-") as tmp:
         tree = Path(tmp) / "tree"
@@ -656,7 +669,11 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
             selected = run_tests and (stack is None or s.stack == stack)
             wanted = [t for t in tests if t.stack == s.stack and (
                 t.step == s.name or (t.step is None and s.name in last_of_stack))]
-            proofs = [t.nodeid for t in wanted if t.fails_before] if selected else []
+            # fails_before: a step test just before its step, a stack test just
+            # before its stack's first step.
+            proofs = [t.nodeid for t in tests if t.stack == s.stack and t.fails_before and (
+                t.step == s.name or (t.step is None and s.name in first_of_stack))
+                      ] if selected else []
             if proofs:  # the tree is still the step before this one
                 res = _pytest(fork, python, tree, proofs)
                 if res.returncode in (0, 5):
@@ -666,12 +683,12 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
             apply_step(tree, s)
             touched = [p for p, st in changed_files(tree, "HEAD~1..HEAD").items() if st != "D"]
             py = [p for p in touched if p.endswith(".py")]
-            for p in py:
-                res = subprocess.run([python, "-c", "import sys; compile(open(sys.argv[1]).read(), "
-                                      "sys.argv[1], 'exec')", str(tree / p)],
+            if py:
+                res = subprocess.run([python, "-c", COMPILE_PROBE, *(str(tree / p) for p in py)],
                                      capture_output=True, text=True)
                 if res.returncode:
-                    raise ForkError(f"step {s.line}: {p} does not compile:\n{res.stderr}")
+                    raise ForkError(f"step {s.line}: a file it touches does not compile:\n"
+                                    + res.stderr[-4000:])
             mods = python_modules(py)
             if mods:
                 res = subprocess.run([python, "-c", IMPORT_PROBE, *mods], env=_tree_env(tree),

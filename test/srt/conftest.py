@@ -32,3 +32,12 @@ def hf(model_dir):
     from cpu_engine import HFReference
 
     return HFReference(model_dir)
+
+
+def pytest_configure(config):
+    # Read statically by tools/fork.py check --each to run each test at its step.
+    config.addinivalue_line(
+        "markers",
+        "stack(name, step=None, fails_before=False): the PR stack (and step) that "
+        "introduces what the test covers",
+    )

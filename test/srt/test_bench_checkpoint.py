@@ -19,6 +19,8 @@ from make_checkpoint import (  # noqa: E402
     make_multimodal_checkpoint,
 )
 
+pytestmark = pytest.mark.stack("bench-support")
+
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
@@ -46,14 +48,14 @@ def test_tokenizer_round_trips_any_ids(ckpt):
 
 
 def test_served_from_text_with_dummy_weights_at_scale(ckpt, monkeypatch):
-    from cpu_engine import start_engine
+    from cpu_engine import YOCO, start_engine
 
     monkeypatch.setenv("SGLANG_DUMMY_WEIGHTS_AT_SCALE", "1")
     prompt = " ".join(f"t{i}" for i in range(200, 260))
     texts = {}
     for on in (False, True):
         eng = start_engine(
-            ckpt, load_format="dummy", skip_tokenizer_init=False, kv_sharing_fast_prefill=on
+            ckpt, load_format="dummy", skip_tokenizer_init=False, **(YOCO if on else {})
         )
         try:
             out = eng.generate(prompt=prompt, sampling_params={"max_new_tokens": 8, "temperature": 0})
@@ -220,11 +222,11 @@ def test_multimodal_served_from_text_and_image(mm_ckpt, tmp_path, monkeypatch):
     scale, tokenizer and processor loaded by SGLang): a text prompt and an image
     prompt (HF processor expansion, vision tower on CPU) give the same greedy text with
     YOCO on and off, and the image changes the output. The fast (torchvision) image
-    processor stays on CPU with --device cpu (patch 0013; stock put it on cuda:N)."""
+    processor stays on CPU with --device cpu (step fast-image-processor-on-cpu; stock put it on cuda:N)."""
     from PIL import Image
     from transformers import AutoProcessor
 
-    from cpu_engine import start_engine
+    from cpu_engine import YOCO, start_engine
 
     monkeypatch.setenv("SGLANG_DUMMY_WEIGHTS_AT_SCALE", "1")
     text_prompt = " ".join(f"t{i}" for i in range(200, 260))
@@ -234,7 +236,7 @@ def test_multimodal_served_from_text_and_image(mm_ckpt, tmp_path, monkeypatch):
     results = {}
     for on in (False, True):
         eng = start_engine(mm_ckpt, load_format="dummy", skip_tokenizer_init=False,
-                           kv_sharing_fast_prefill=on)
+                           **(YOCO if on else {}))
         try:
             outs = [eng.generate(prompt=text_prompt, sampling_params=greedy)]
             outs += [eng.generate(prompt=image_prompt, image_data=img, sampling_params=greedy)

@@ -10,8 +10,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import pytest
 
 from tiny_gemma4 import make_tiny_gemma4
+
+pytestmark = pytest.mark.stack("cpu-reference")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,6 +1,7 @@
-"""--speculative-adaptive under FROZEN_KV_MTP (patch 0017,
-speculative/frozen_kv_mtp_adaptive.py) and its per-state capture sizes (patch
-0020, speculative/adaptive_capture_sizes.py), on CPU, no engine.
+"""--speculative-adaptive under FROZEN_KV_MTP (step frozen-kv-mtp-adaptive,
+speculative/frozen_kv_mtp_adaptive.py) and its per-state capture sizes (step
+spec-adaptive-per-state-capture-sizes, speculative/adaptive_capture_sizes.py), on
+CPU, no engine.
 
 Stock 0.5.17 asserts against adaptive speculation in FrozenKVMTPWorkerV2. The
 fork builds EAGLE v2's AdaptiveController there; the worker's real
@@ -42,6 +43,8 @@ from sglang.srt.speculative.frozen_kv_mtp_info import (
 )
 from sglang.srt.utils import empty_context
 
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="frozen-kv-mtp-adaptive")
+
 HIDDEN = 4
 DEFAULT_CANDIDATES = [0, 1, 3, 7]  # union of stock DEFAULT_ADAPTIVE_CONFIG
 
@@ -62,6 +65,7 @@ def frozen_args(**kw):
 # ------------------------------------------------ server-arg check
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="frozen-kv-mtp-adaptive", fails_before=True)
 def test_adaptive_is_supported_for_frozen_kv_mtp():
     assert adaptive_unsupported_reason(frozen_args()) is None
 
@@ -236,7 +240,7 @@ def test_batch_size_picks_the_step_count(worker):
     assert worker.speculative_num_steps == 3
 
 
-# ------------------------------------------------ patch 0020: per-state capture sizes
+# ------------------------------------------------ step spec-adaptive-per-state-capture-sizes: per-state capture sizes
 
 GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80]
 
@@ -390,7 +394,7 @@ def test_batch_80_round_does_not_draft_and_batch_1_does(worker, monkeypatch):
     assert out.next_draft_input.hidden_states[:, 0].tolist() == [0.0, 4.0]
 
 
-# ------------------------------------------------ patch 0018: shared logits buffer
+# ------------------------------------------------ step spec-shared-logits-buffer-adaptive-width: shared logits buffer
 
 
 @pytest.mark.parametrize("adaptive, rows", [(False, 80 * 4), (True, 80 * 8)])

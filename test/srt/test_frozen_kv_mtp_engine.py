@@ -4,15 +4,15 @@ The engine serves the tiny Gemma-4 (window 16) on the triton backend, run by
 Triton's interpreter (TRITON_INTERPRET=1 in the scheduler process), fp32, no CUDA
 graphs, no overlap scheduling (CPU streams cannot record). Greedy outputs must equal
 HF transformers' for prompts whose HF continuation has no near-tie:
-- without speculation: patch 0021 (stock triton decode dropped the oldest key of
+- without speculation: step triton-decode-sliding-window-width (stock triton decode dropped the oldest key of
   every sliding window once a request passed it; this test caught it);
 - FROZEN_KV_MTP with a Gemma-4 assistant drafter (seeded random weights);
-- with `--speculative-adaptive` (patch 0017), a config that sends batches of 2+ to
+- with `--speculative-adaptive` (step frozen-kv-mtp-adaptive), a config that sends batches of 2+ to
   0 draft steps and a batch of 1 to 3: the requests finish one by one, so the run
   switches 3 -> 0 -> 3 steps (checked in the scheduler's log); without logprobs,
-  the 0-step rounds take the one-node greedy tail (patch 0028);
-- with `--triton-attention-split-kv-verify` (patches 0014-0015);
-- with `--kv-sharing-fast-prefill` (YOCO under MTP, patch 0012).
+  the 0-step rounds take the one-node greedy tail (step one-node-greedy-verify-tail);
+- with `--triton-attention-split-kv-verify` (steps triton-split-kv-verify-arg, chain-verify-as-decode);
+- with `--kv-sharing-fast-prefill` (YOCO under MTP, step mtp-target-prefill-captures-last).
 `mtp_cpu_shim/` routes three stock device gates to stock's Triton kernels (see its
 docstring).
 """
@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from cpu_engine import ENGINE_DEFAULTS, HFReference, decisive_prompts, greedy_of, start_engine
+from cpu_engine import ENGINE_DEFAULTS, YOCO, HFReference, decisive_prompts, greedy_of, start_engine
 from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -90,16 +90,19 @@ def mtp(setup, return_logprob=True, **extra):
     return tokens
 
 
+@pytest.mark.stack("generic-fixes", fails_before=True)
 def test_triton_decode_matches_hf(setup):
     tokens, verify = serve(setup)
     assert tokens == setup[3]
     assert verify in ([None] * 3, [0] * 3)
 
 
+@pytest.mark.stack("generic-fixes")
 def test_mtp_matches_hf(setup):
     assert mtp(setup) == setup[3]
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed")
 def test_adaptive_mtp_matches_hf_and_switches_steps(setup, capfd):
     root = setup[4]
     cfg = root / "adaptive.json"
@@ -111,8 +114,9 @@ def test_adaptive_mtp_matches_hf_and_switches_steps(setup, capfd):
     assert "Switch adaptive runtime state: steps 0 -> 3" in log
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed")
 def test_adaptive_zero_step_greedy_tail_matches_hf(setup, monkeypatch):
-    """Patch 0028: without logprobs, the 0-step rounds of greedy requests take
+    """Step one-node-greedy-verify-tail: without logprobs, the 0-step rounds of greedy requests take
     the one-node tail (the shim logs each round it answered)."""
     root = setup[4]
     cfg = root / "adaptive-tail.json"
@@ -126,17 +130,20 @@ def test_adaptive_zero_step_greedy_tail_matches_hf(setup, monkeypatch):
     assert {3, 2} <= set(sizes) and all(s in (2, 3) for s in sizes), sizes
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed")
 def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
     """One decode row per draft token (the grouped kernel's fallback)."""
     monkeypatch.setenv("SGLANG_CHAIN_VERIFY_GROUPED", "0")  # read by the scheduler process
     assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]
 
 
+@pytest.mark.stack("yoco-mtp")
 def test_yoco_under_mtp_matches_hf(setup):
-    assert mtp(setup, kv_sharing_fast_prefill=True) == setup[3]
+    assert mtp(setup, **YOCO) == setup[3]
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed")
 def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
-    """Patch 0025: the grouped kernel (keys read once a request), the default."""
+    """Step chain-verify-as-decode: the grouped kernel (keys read once a request), the default."""
     monkeypatch.delenv("SGLANG_CHAIN_VERIFY_GROUPED", raising=False)
     assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]

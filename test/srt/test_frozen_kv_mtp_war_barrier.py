@@ -1,4 +1,4 @@
-"""Patch 0024: FROZEN_KV_MTP's WAR barrier waits on the verify graph's read-done
+"""Step war-barrier-verify-event: FROZEN_KV_MTP's WAR barrier waits on the verify graph's read-done
 event (as plain decode waits on its graph's), not on the whole forward.
 
 Stock: FrozenKVMTPWorkerV2 inherits EAGLE v2's barrier runner (the draft
@@ -20,6 +20,8 @@ from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCuda
 from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event")
+
 
 def frozen_worker(topk):
     w = object.__new__(fkv.FrozenKVMTPWorkerV2)
@@ -29,6 +31,7 @@ def frozen_worker(topk):
     return w
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", fails_before=True)
 def test_topk_1_barrier_reads_the_target_runner():
     assert frozen_worker(1).war_fastpath_runner == "target-runner"
 

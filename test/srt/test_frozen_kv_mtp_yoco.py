@@ -1,11 +1,11 @@
 """YOCO fast prefill (--kv-sharing-fast-prefill) under FROZEN_KV_MTP speculative
 decoding (Gemma-4 assistant drafter), on CPU, no engine.
 
-Patch 0012: the frozen-KV worker's target prefill asks for LAST hidden states
+Step mtp-target-prefill-captures-last: the frozen-KV worker's target prefill asks for LAST hidden states
 (``target_prefill_capture_mode``), raised to FULL only when a request, the server
 or the batch's spec_info needs every token's hidden state. Stock 0.5.17 asked for
 FULL, which made every prefill under MTP fall back to the full computation.
-Patch 0009: the assistant's own Gemma4TextModel never runs fast prefill.
+Step mtp-assistant-fast-prefill-off: the assistant's own Gemma4TextModel never runs fast prefill.
 
 Per MTP phase, whether YOCO fires is checked with the real predicate
 (``fast_prefill_skip_reason``) on real ForwardBatch objects, using the forward
@@ -36,6 +36,8 @@ from sglang.srt.speculative.frozen_kv_mtp_prefill_capture import (
 )
 from sglang.srt.utils import empty_context
 
+pytestmark = pytest.mark.stack("yoco-mtp")
+
 NULL, LAST, FULL = CaptureHiddenMode.NULL, CaptureHiddenMode.LAST, CaptureHiddenMode.FULL
 HIDDEN = 8  # target hidden size of the fake target forward
 
@@ -53,6 +55,7 @@ def ns_server(mode=None, enable=False):
 # ------------------------------------------------ target_prefill_capture_mode
 
 
+@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last", fails_before=True)
 def test_capture_mode_plain_batch_is_last():
     assert target_prefill_capture_mode(ns_batch(), ns_server()) == LAST
     # the real objects' defaults: no request and no server setting asks for more
@@ -64,6 +67,7 @@ def test_capture_mode_plain_batch_is_last():
 @pytest.mark.parametrize(
     "mode, want", [(NULL, LAST), (LAST, LAST), (FULL, FULL)], ids=["NULL", "LAST", "FULL"]
 )
+@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_capture_mode_follows_the_requests(mode, want):
     """A request with return_hidden_states (batch mode FULL) still gets FULL."""
     assert target_prefill_capture_mode(ns_batch(mode), ns_server()) == want
@@ -82,6 +86,7 @@ def test_capture_mode_follows_the_requests(mode, want):
     ],
     ids=["default", "mode-last", "mode-full", "enable"],
 )
+@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_capture_mode_follows_the_server(server_kwargs, want):
     # a real (dummy-model) ServerArgs: its post-init normalises the two fields
     # ("last" also sets enable_return_hidden_states=True)
@@ -100,6 +105,7 @@ def test_capture_mode_follows_the_server(server_kwargs, want):
     [(None, LAST), (NULL, LAST), (LAST, LAST), (FULL, FULL)],
     ids=["None", "NULL", "LAST", "FULL"],
 )
+@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_capture_mode_follows_the_spec_info(spec_mode, want):
     spec = types.SimpleNamespace(capture_hidden_mode=spec_mode)
     assert target_prefill_capture_mode(ns_batch(spec_info=spec), ns_server()) == want
@@ -191,6 +197,7 @@ def run_prefill(extend_lens, return_hidden_states_mode=NULL, server_args=None, d
     return mode, out, worker
 
 
+@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_worker_target_prefill_asks_for_last():
     # The prefill branch's module-level context managers (speculative_moe_*,
     # spec_stage_span) run for real: they need no GPU and no published args.
@@ -205,6 +212,7 @@ def test_worker_target_prefill_asks_for_last():
     assert draft.tp_contexts == ["draft-tp-group"]
 
 
+@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_worker_target_prefill_full_when_a_request_returns_hidden_states():
     mode, _, _ = run_prefill([5, 9], return_hidden_states_mode=FULL)
     assert mode == FULL
@@ -212,12 +220,14 @@ def test_worker_target_prefill_full_when_a_request_returns_hidden_states():
     assert mode == LAST
 
 
+@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_worker_target_prefill_full_when_the_server_returns_hidden_states():
     server = ServerArgs(model_path="dummy", return_hidden_states_mode="full")
     mode, _, _ = run_prefill([5, 9], server_args=server)
     assert mode == FULL
 
 
+@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 @pytest.mark.parametrize("rhs_mode", [NULL, FULL], ids=["NULL", "FULL"])
 def test_real_seed_reads_each_requests_last_hidden_row(rhs_mode):
     """With the real draft worker, the seed is each request's last prompt token's
@@ -277,7 +287,7 @@ def test_phase_assistant_draft_steps_do_not_fire():
     fb.capture_hidden_mode = mode
     # even if the assistant's model had a first shared layer, DECODE never fires
     assert reason(fb) == "forward mode DECODE"
-    # and the assistant's Gemma4TextModel has none (patch 0009, tested below)
+    # and the assistant's Gemma4TextModel has none (step mtp-assistant-fast-prefill-off, tested below)
     assert reason(fb, first=None) == "model has no KV-shared layers"
 
 
@@ -387,6 +397,7 @@ def _build(flag_on):
     return target, assistant
 
 
+@pytest.mark.stack("yoco-mtp", step="mtp-assistant-fast-prefill-off")
 def test_assistant_text_model_never_fires(flag_on):
     target, assistant = _build(flag_on)
     # the flag is on: a target Gemma4TextModel does fast prefill from layer 4 of 8
@@ -399,9 +410,10 @@ def test_assistant_text_model_never_fires(flag_on):
     assert assistant.model.fast_prefill_first_shared_layer is None
 
 
+@pytest.mark.stack("yoco-mtp", step="mtp-assistant-fast-prefill-off", fails_before=True)
 def test_assistant_stays_off_even_if_its_layers_count_as_shared(flag_on, monkeypatch):
     """The assistant builds its text model with num_kv_shared_layers=0, so the
-    config alone keeps fast prefill off today. Patch 0009 turns it off
+    config alone keeps fast prefill off today. Step mtp-assistant-fast-prefill-off turns it off
     explicitly: simulate a text model that sees its layers as KV-shared (they
     all are after bind) and the assistant must still be off."""
     from sglang.srt.models import gemma4_causal

@@ -27,6 +27,8 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 
+pytestmark = pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch")
+
 FIRST_SHARED = 4  # tiny model: 8 layers, 4 KV-shared
 
 
@@ -67,6 +69,7 @@ def reason(fb, layers_to_capture=(), pp_size=1, first=FIRST_SHARED):
 # ---------------------------------------------------------------- predicate
 
 
+@pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch", fails_before=True)
 def test_fires_for_a_plain_prefill():
     assert reason(make_batch([5, 9, 1])) is None
 
@@ -173,7 +176,7 @@ def test_gather_rows_are_last_tokens_of_finishing_requests(reqs):
 
 
 def test_finishing_requests_read_the_host_lengths_without_a_device_copy():
-    """Patch 0029: a scheduler prefill carries orig_seq_lens on the host too; the
+    """Step prefill-lengths-on-host: a scheduler prefill carries orig_seq_lens on the host too; the
     plan reads that, never the device tensor (a .tolist() there syncs)."""
     fb = make_batch([5, 9, 3], [0, 4, 0], [0, 7, 0])
     fb.orig_seq_lens_cpu = fb.orig_seq_lens.tolist()
@@ -729,14 +732,16 @@ def _prompts(seed, n):
     return out
 
 
+@pytest.mark.stack("yoco-model")
 def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd, monkeypatch, tmp_path):
     """Batch mixes, prefix hits, 1-token prompts next to long ones, chunked
     prefill (chunk 64 < several prompts) and an input-logprob request mixed in:
     YOCO on gives Hugging Face's tokens and logprobs; the log shows the back half
     ran on last tokens only, dropped unfinished chunks, and fell back for the
     input-logprob batch. Every plan read the requests' lengths from the host
-    (patch 0029; engine_probe/ logs it in the scheduler process)."""
+    (engine_probe/ logs it in the scheduler process)."""
     from cpu_engine import (
+        YOCO,
         assert_same_greedy,
         decisive_prompts,
         engine_greedy,
@@ -752,7 +757,7 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd, monkeypatch, tmp
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [probe, os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("SGLANG_TEST_YOCO_LENGTHS_LOG", str(lengths_log))
     eng = start_engine(
-        model_dir, kv_sharing_fast_prefill=True, chunked_prefill_size=64, log_level="debug"
+        model_dir, **YOCO, chunked_prefill_size=64, log_level="debug"
     )
     try:
         for p, got in zip(prompts, engine_greedy(eng, prompts, MAX_NEW)):
@@ -781,17 +786,18 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd, monkeypatch, tmp
     assert reads and set(reads) == {"host"}, reads
 
 
+@pytest.mark.stack("yoco-model")
 def test_yoco_on_equals_off(model_dir):
     """Same engine settings, YOCO on vs off, three batch mixes (one batch of 160
     requests, groups, one by one): same tokens and logprobs (fp32, CPU)."""
-    from cpu_engine import engine_greedy, start_engine
+    from cpu_engine import YOCO, engine_greedy, start_engine
 
     prompts = _prompts(11, 12)
     rng = random.Random(5)
     many = [[rng.randrange(3, 512) for _ in range(rng.randrange(1, 40))] for _ in range(160)]
     results = {}
     for on in (False, True):
-        eng = start_engine(model_dir, kv_sharing_fast_prefill=on, max_running_requests=256)
+        eng = start_engine(model_dir, **(YOCO if on else {}), max_running_requests=256)
         try:
             results[on, "batch"] = engine_greedy(eng, prompts, MAX_NEW)
             eng.flush_cache()
@@ -806,11 +812,12 @@ def test_yoco_on_equals_off(model_dir):
             assert max(abs(a - b) for a, b in zip(lp_on, lp_off)) <= 1e-4, mix
 
 
+@pytest.mark.stack("yoco-model")
 def test_unset_min_tokens_serves_with_the_default(model_dir, capfd):
-    """--kv-sharing-fast-prefill-min-tokens unset (patch 0019) through the engine:
+    """--kv-sharing-fast-prefill-min-tokens unset (step back-half-cuda-graphs) through the engine:
     on CPU the back half is not captured in CUDA graphs, so the default 4096
     applies; a 60-token pass keeps the full computation, a 4200-token one fires."""
-    from cpu_engine import engine_greedy, start_engine
+    from cpu_engine import YOCO, engine_greedy, start_engine
 
     rng = random.Random(9)
     small = [[rng.randrange(3, 512) for _ in range(20)] for _ in range(3)]

@@ -21,6 +21,8 @@ import pytest
 
 from tiny_gemma4 import TINY_TEXT_CONFIG
 
+pytestmark = pytest.mark.stack("yoco-flag", step="kv-sharing-fast-prefill-arg")
+
 FLAG = "--kv-sharing-fast-prefill"
 HOOK_LOGGER = "sglang.srt.arg_groups.kv_sharing_fast_prefill_hook"
 
@@ -216,6 +218,7 @@ def e4b_resolved(model):
 # --------------------------------------------------------------------------- the flag
 
 
+@pytest.mark.stack("yoco-flag", step="kv-sharing-fast-prefill-arg", fails_before=True)
 def test_default_is_off(model):
     from sglang.srt.server_args import ServerArgs
 

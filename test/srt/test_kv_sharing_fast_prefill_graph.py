@@ -30,6 +30,8 @@ from sglang.srt.layers import kv_sharing_fast_prefill_graph as kg
 from sglang.srt.layers.attention import triton_backend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+pytestmark = pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
+
 END = 8
 HIDDEN, PLE = 6, 3
 
@@ -95,6 +97,7 @@ def with_ple(plan, ple):
     return plan
 
 
+@pytest.mark.stack("yoco-model", step="back-half-cuda-graphs", fails_before=True)
 def test_buckets():
     assert kg.bucket_for(kg.BUCKETS, 1) == 1
     assert kg.bucket_for(kg.BUCKETS, 3) == 4
@@ -185,7 +188,7 @@ def test_layer_arguments_the_graph_lacks_run_eager(monkeypatch):
 def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     """The graph's triton backend (decode metadata, CUDA-graph buffers) hands the
     decode kernel the same key lists as the eager back half's metadata, which
-    builds its W + 1 window itself: the decode window is W + 1 keys (patch 0021)."""
+    builds its W + 1 window itself: the decode window is W + 1 keys (step triton-decode-sliding-window-width)."""
     triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
     ext = [e for e, _ in reqs]
     pre = [p for _, p in reqs]
@@ -398,7 +401,7 @@ def _eager_runner():
 @pytest.mark.parametrize(
     "configured, prefill_graph, captured, want",
     [
-        (None, None, True, 0),  # unset, no prefill graph: every pass (patch 0019)
+        (None, None, True, 0),  # unset, no prefill graph: every pass (step back-half-cuda-graphs)
         # what 0.5.17 leaves there when the prefill graph is disabled (the multimodal
         # layout's default, or --disable-prefill-cuda-graph): no graph either
         (None, "eager-runner", True, 0),

@@ -1,4 +1,4 @@
-"""Patch 0028 (speculative/one_node_greedy_verify.py): FROZEN_KV_MTP's 0-step
+"""Step one-node-greedy-verify-tail (speculative/one_node_greedy_verify.py): FROZEN_KV_MTP's 0-step
 round (one verify node per request) on an all-greedy batch skips the stock tree
 sampling and takes the target's argmax.
 
@@ -25,6 +25,8 @@ from triton_interpret import print_result, run_as_script
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative import one_node_greedy_verify as tail_mod
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-verify-tail")
 
 VOCAB = 64
 HIDDEN = 8
@@ -228,6 +230,7 @@ def test_a_kv_cache_that_clears_draft_states_falls_through():
     assert tail(batch, verify_input, out, None, True) is None
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-verify-tail", fails_before=True)
 def test_frozen_kv_mtp_worker_takes_the_tail(monkeypatch):
     from test_frozen_kv_mtp_adaptive import build_worker, frozen_args
 

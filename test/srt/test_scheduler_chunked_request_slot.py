@@ -3,10 +3,13 @@
 Stock 0.5.17 counts a continuing chunked request twice against the request slots:
 once in the batch being formed and once as a used slot of the request pool. With
 every other slot taken (FROZEN_KV_MTP serving 80 prompts at --max-running-requests 80), the
-request behind it waited for a prefill pass of its own (patch 0026).
+request behind it waited for a prefill pass of its own (step scheduler-chunked-request-slot-count).
 """
 
 import re
+import pytest
+
+pytestmark = pytest.mark.stack("generic-fixes", step="scheduler-chunked-request-slot-count", fails_before=True)
 
 MRR = 2
 

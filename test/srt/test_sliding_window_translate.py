@@ -1,4 +1,4 @@
-"""Patch 0022 (layers/attention/sliding_window_translate.py): the triton
+"""Step window-translate-without-sync (layers/attention/sliding_window_translate.py): the triton
 backend's sliding-window indices are translated to the SWA pool without a
 device-to-host sync, and give what stock 0.5.17's sliced translation gave.
 
@@ -16,6 +16,8 @@ from sglang.srt.layers.attention import triton_backend
 from sglang.srt.layers.attention.sliding_window_translate import (
     translate_window_in_place,
 )
+
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="window-translate-without-sync")
 
 
 class HostReads(TorchDispatchMode):
@@ -80,6 +82,7 @@ def test_same_indices_as_stock_and_stale_tail_kept(torch_kernel, bs, window, buf
         assert torch.equal(out[1][end:], indices[end:])  # untouched past the end
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="window-translate-without-sync", fails_before=True)
 def test_translation_reads_nothing_on_the_host():
     pool = FakeSWAPool(4096)
     bs, window = 6, 32

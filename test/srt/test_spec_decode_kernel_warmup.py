@@ -1,4 +1,4 @@
-"""Patch 0027 (speculative/spec_decode_kernel_warmup.py): a spec-v2 server
+"""Step spec-decode-kernel-warmup (speculative/spec_decode_kernel_warmup.py): a spec-v2 server
 compiles, at start-up, every specialization of the three Triton kernels whose
 ``tl.constexpr`` follows the decode batch size or the step count, instead of
 compiling one mid-serving the first time a batch or a step count reaches it.
@@ -22,11 +22,14 @@ from sglang.srt.speculative import eagle_worker_v2
 from sglang.srt.speculative import spec_decode_kernel_warmup as warmup
 from sglang.srt.utils import next_power_of_2
 
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="spec-decode-kernel-warmup")
+
 MAX_BS = 80
 POOL_LEN = 64
 CONFIGS = [(0, 1), (1, 2), (3, 4)]
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="spec-decode-kernel-warmup", fails_before=True)
 @pytest.mark.parametrize("max_bs", [1, 48, 64, 65, 80, 129])
 def test_buckets_are_every_bs_upper_a_batch_reaches(max_bs):
     expected = {next_power_of_2(bs) for bs in range(1, max_bs + 1)}

@@ -11,8 +11,11 @@ off-by-one in the keys a draft token sees moves the output by far more.
 """
 
 import types
+import pytest
 
 from triton_interpret import print_result, run_as_script
+
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode")
 
 PREFIX = [3, 38, 40, 41, 90]  # cached tokens per request; WINDOW sits among them
 N = 4  # draft tokens verified per request (steps 3, topk 1)
@@ -116,7 +119,7 @@ def _check():
         graph = {w: attend(w) for w in (WINDOW, -1)}
         # A KV-shared layer (k = v = None: its keys are already cached, here by the
         # calls above) reads the same keys. The stand-in pool has no get_kv_buffer,
-        # so the stock K/V gather, unused under chain verify, would raise (patch 0023).
+        # so the stock K/V gather, unused under chain verify, would raise (step chain-verify-kv-shared-no-gather).
         shared = {}
         for w in (WINDOW, -1):
             try:
@@ -167,6 +170,7 @@ def _check():
     return out
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode", fails_before=True)
 def test_chain_verify_attends_like_the_extend_kernel():
     out = run_as_script(__file__)
     assert out["eager_is_decode_shaped"]
@@ -179,7 +183,7 @@ def test_chain_verify_attends_like_the_extend_kernel():
         for kind in ("full", "sliding"):
             assert out[f"{kind}{tag}_max_diff"] < 1e-5, out
             assert out[f"{kind}{tag}_graph_equals_eager"], out
-            # a KV-shared layer: same output, and no K/V gather (patch 0023)
+            # a KV-shared layer: same output, and no K/V gather (step chain-verify-kv-shared-no-gather)
             assert out[f"{kind}{tag}_kv_shared_equals_chain"] is True, out
     assert out["graph_kv_indices_fit_rows"]
     assert max(out["splits"]) > 1  # the decode kernel did split the keys

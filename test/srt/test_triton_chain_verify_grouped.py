@@ -14,6 +14,8 @@ in the rows' bounds would show.
 import pytest
 from triton_interpret import print_result, run_as_script
 
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-grouped-kernel")
+
 
 def _reference(q, kb, vb, indptr, idx, N, window, scale, cap=0.0, sinks=None):
     import torch
@@ -80,6 +82,7 @@ def _check():
     }
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-grouped-kernel", fails_before=True)
 def test_grouped_chain_verify_matches_reference():
     out = run_as_script(__file__)
     for name in ("full", "sliding", "head_chunks", "logit_cap"):
@@ -163,6 +166,7 @@ def test_stage1_compiles_for_sm90_without_spills(D, N, G):
     assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode")
 def test_grouped_is_the_default_except_off_or_fp8(monkeypatch):
     """Split-KV verify groups by default; SGLANG_CHAIN_VERIFY_GROUPED=0 or an fp8
     KV cache (no KV scales in the grouped kernel) keeps one row per draft token."""
@@ -183,6 +187,7 @@ def test_grouped_is_the_default_except_off_or_fp8(monkeypatch):
     assert chain_verify_grouped(be(torch.bfloat16))
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode")
 def test_grouped_refuses_in_graph_capture_what_it_does_not_handle(monkeypatch):
     """Captured at start-up, the grouped kernel with a score_mod (or fp8 KV scales, xai
     temperature) fails naming the cause and the fix (eager, it falls back to one row per

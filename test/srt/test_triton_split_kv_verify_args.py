@@ -13,6 +13,8 @@ from test_kv_sharing_fast_prefill_args import (  # noqa: F401
     with_fields,
 )
 
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="triton-split-kv-verify-arg")
+
 FLAG = "--triton-attention-split-kv-verify"
 
 
@@ -31,6 +33,7 @@ def mtp(model, **overrides):
     return server_args(model("E4B"), **kwargs)
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="triton-split-kv-verify-arg", fails_before=True)
 def test_default_off_and_cli(model):
     assert server_args(model("E4B"), kv_sharing_fast_prefill=False).triton_attention_split_kv_verify is False
     args = server_args_from_cli(
@@ -76,6 +79,7 @@ def test_draft_tree_rejected(model):
      ({"dcp_size": 2}, False), ({"_translate_kv_loc": abs}, False), ({"use_mla": True}, False),
      ({"skip_prefill": True}, False), ({"is_draft_runner": True}, False), ({"flag": False}, False)],
 )
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode")
 def test_backend_builds_chain_verify_only_where_wired(change, on, caplog):
     from sglang.srt.layers.attention import triton_chain_verify
     from sglang.srt.layers.attention.triton_chain_verify import chain_verify_enabled

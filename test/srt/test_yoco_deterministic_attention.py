@@ -9,8 +9,11 @@ one-token extend by itself starts elsewhere and rounds differently).
 """
 
 import types
+import pytest
 
 from triton_interpret import print_result, run_as_script
+
+pytestmark = pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch")
 
 SEQ = [(0, 150), (0, 37), (45, 90), (170, 3)]  # (cached prefix, new tokens)
 WINDOW = 40  # backend.sliding_window_size (config sliding_window - 1)

@@ -4,7 +4,7 @@ folder on PYTHONPATH).
 
 SGLANG_TEST_YOCO_LENGTHS_LOG=FILE: one line per KV-sharing fast prefill plan,
 "host" when it read the requests' full lengths from the host copy the scheduler
-passed (patch 0029), "device" when it had to read the device tensor.
+passed (step prefill-lengths-on-host), "device" when it had to read the device tensor.
 """
 
 import os

@@ -18,7 +18,7 @@ if os.environ.get("SGLANG_TEST_MTP_CPU_SHIM") == "1":
     cache_locs._is_xpu = True
 
 if os.environ.get("SGLANG_TEST_ONE_NODE_TAIL_LOG"):
-    # Record each round the one-node greedy verify tail (patch 0028) answered,
+    # Record each round the one-node greedy verify tail (step one-node-greedy-verify-tail) answered,
     # so an engine test can tell it ran.
     from sglang.srt.speculative import one_node_greedy_verify
 
