@@ -11,6 +11,10 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "stack(name): the PR stack (patches/) a test covers")
+
+
 def pytest_sessionfinish(session, exitstatus):
     # Every engine shuts down once more at exit (atexit) and logs through the
     # handler SGLang bound to a capfd test's stream, closed by now: a "Logging
