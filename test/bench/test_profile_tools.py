@@ -44,9 +44,8 @@ def test_trace_summary_counts_kernels_launches_and_host_ops(tmp_path):
 def test_forward_bench_times_one_pass_with_the_fast_path_on(tmp_path):
     """forward_bench.py (one prefill pass in process, sglang.bench_one_batch) on the
     tiny model on CPU: a row per point with every mode, each mode's passes pooled over
-    the rounds, and the on-all runs take the fast path, the legacy one through its
-    bench-only plan hook (the tiny vocabulary is widened: bench_one_batch draws ids
-    below 10000)."""
+    the rounds, and the on-all runs take the fast path (the tiny vocabulary is widened:
+    bench_one_batch draws ids below 10000)."""
     import json
     import subprocess
 
@@ -59,18 +58,18 @@ def test_forward_bench_times_one_pass_with_the_fast_path_on(tmp_path):
     env = dict(os.environ, YOCO_CKPT_DIR=str(tmp_path / "ckpt"), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmark", "yoco_gemma4", "forward_bench.py"),
-         str(out), "--variant", "tiny", "--modes", "off,on-all-legacy,on-all", "--batches", "1,4",
+         str(out), "--variant", "tiny", "--modes", "off,on-all", "--batches", "1,4",
          "--lens", "64", "--repeats", "1", "--rounds", "2", "--extra", extra],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert [(r["len"], r["batch"]) for r in res["table"]] == [(64, 1), (64, 4)]
-    assert all(r["off_ms"] > 0 and r["on-all_ms"] > 0 and r["on-all-legacy_ms"] > 0 for r in res["table"])
+    assert all(r["off_ms"] > 0 and r["on-all_ms"] > 0  for r in res["table"])
     assert all(len(ts) == 2 for m in res["raw_s"].values() for ts in m.values())  # 1 x 2 rounds
     log = proc.stdout + proc.stderr
-    assert log.count("KV-sharing fast prefill: back half on 4 of 256 tokens") >= 4  # on-all, both
-    assert log.count("BENCH_YOCO_LEGACY_PLAN:") == 2  # one per legacy process, none elsewhere
+    assert log.count("KV-sharing fast prefill: back half on 4 of 256 tokens") >= 2  # on-all, both rounds
+
 
 def test_gc_log_site_logs_collections_and_serve_mtp_sums_a_window(tmp_path):
     """jit_log_site with BENCH_GC_LOG (serve_mtp.py --gc-log): a process started with it
