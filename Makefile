@@ -1,5 +1,5 @@
 # Two set-up commands on a fresh machine (python3 + network to the package index):
-#   make demo   install the fork into .venv and serve a tiny Gemma-4 on CPU
+#   make demo   install the fork into .venv, serve a tiny Gemma-4 on CPU, talk to it (OpenAI API)
 #   make test   install the fork into .venv and run the CPU test suite
 PY ?= python3
 VENV := .venv
@@ -18,7 +18,7 @@ install: $(VENV)/.deps
 	$(PY) tools/fork.py install --venv $(VENV) --no-deps-check
 
 test: install
-	$(VPY) -m pytest test/srt test/tools -q -p no:cacheprovider
+	$(VPY) -m pytest test/srt test/bench test/tools -q -p no:cacheprovider
 
 demo: install
 	$(VPY) scripts/demo.py

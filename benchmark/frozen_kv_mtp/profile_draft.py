@@ -119,8 +119,8 @@ def profile(eng, gen, mode, B, L, a, vocab, out_dir):
     run(eng, gen, B, L, a.short, vocab)
     # num_steps counts scheduler forwards: 1 prefill + decode steps; stops by itself.
     # A speculative step emits up to 4 tokens, so ask for enough tokens that the
-    # run lasts num_steps forwards in either mode (run 5b's MTP profile stopped
-    # short of them and wrote no trace).
+    # run lasts num_steps forwards in either mode (else the profile stops short of
+    # them and writes no trace).
     s = profile_engine(eng, os.path.join(out_dir, f"profile-{mode}-{B}x{L}"),
                        lambda: run(eng, gen, B, L, 4 * a.profile_steps + 8, vocab),
                        num_steps=a.profile_steps, top=a.top)

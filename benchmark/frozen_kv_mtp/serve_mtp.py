@@ -12,14 +12,14 @@ SGLANG_SIMULATE_ACC_LEN=2.1 (the original study's accept length; --accept-len se
 (FROZEN_KV_MTP's default is 48), `mtp-splitkv-mrr80-adaptive` also --speculative-adaptive,
 `mtp-splitkv-mrr80-adaptive1` the same with stock's adaptive config except 1 draft step,
 not 0, from batch 64 (OUT_DIR/adaptive1.json), `mtp-splitkv-mrr80-adaptive-stocktail` the
-same as `-adaptive` with patch 0028's one-node greedy verify tail off. For the defaults
+same as `-adaptive` with the one-node greedy verify tail off. For the defaults
 (issue item 3): `mtp-splitkv-adaptive` is `-mrr80-adaptive` under FROZEN_KV_MTP's default
 cap of 48 running requests, `mtp-splitkv-mrr80-adaptive-nooverlap` the same with
 --disable-overlap-schedule.
 With --profile-at S, each server's torch profiler records --profile-steps scheduler
 steps from S seconds after all of a measured pass's prompts run, none waiting (GPU
 activity only, so the host is barely slowed; --profile-cpu adds the host with Python stacks)
-to OUT_DIR/trace_MODE_WORKLOAD/; compare two with `trace_diff.py --gpu [--steps ArgMaxOps]`.
+to OUT_DIR/trace_MODE_WORKLOAD/ (chrome traces; benchmark/yoco_gemma4/trace_summary.py sums them).
 With --gc-log, each server process logs its Python GC pauses (OUT_DIR/gc_MODE.log, through
 jit_log_site/) and each row gets a `gc` summary of its pass (counts and pause time by
 generation, per process); --freeze-gc calls each server's /freeze_gc after its warm-up.
@@ -48,7 +48,7 @@ MODE_FLAGS = {
     "mtp-splitkv": ["--triton-attention-split-kv-verify"],
     # FROZEN_KV_MTP caps running requests at 48 when unset (speculative_hook.py)
     "mtp-splitkv-mrr80": ["--triton-attention-split-kv-verify", "--max-running-requests", "80"],
-    # + stock adaptive step counts (patch 0017): 0 draft steps from batch 64
+    # + stock adaptive step counts: 0 draft steps from batch 64
     "mtp-splitkv-mrr80-adaptive": [
         "--triton-attention-split-kv-verify", "--max-running-requests", "80", "--speculative-adaptive",
     ],
@@ -60,7 +60,7 @@ MODE_FLAGS["mtp-splitkv-mrr80-adaptive-nooverlap"] = MODE_FLAGS["mtp-splitkv-mrr
 ]
 # the same flags; its adaptive config file is added in main()
 MODE_FLAGS["mtp-splitkv-mrr80-adaptive1"] = MODE_FLAGS["mtp-splitkv-mrr80-adaptive"]
-# the same flags with patch 0028's one-node greedy verify tail off (A/B)
+# the same flags with the one-node greedy verify tail off (A/B)
 MODE_FLAGS["mtp-splitkv-mrr80-adaptive-stocktail"] = MODE_FLAGS["mtp-splitkv-mrr80-adaptive"]
 
 
@@ -145,7 +145,7 @@ def main():
     ap.add_argument("--port", type=int, default=32000)
     ap.add_argument("--no-warmup", action="store_true", help="measure each server's first pass over a workload")
     # 16 never reaches batch 64, where the adaptive config switches to 0 steps: with 80 the
-    # measured pass is not the first to run that state (run 21: its last prefill took 96 ms longer)
+    # measured pass is not the first to run that state (else its last prefill pays the first 0-step round's compiles)
     ap.add_argument("--warmup-prompts", type=int, default=WARMUP_PROMPTS, help="prompts per warm-up pass")
     # One draft step caps the chain at 2 tokens, so 2.1 accepts every draft. 2.1 over 3
     # steps implies a first-token acceptance of about 0.58-0.75, i.e. 1.58-1.75 for one
@@ -161,7 +161,7 @@ def main():
     ap.add_argument("--freeze-gc", action="store_true",
                     help="call the server's /freeze_gc after its warm-up (stock's advice against GC jitter)")
     ap.add_argument("--no-kernel-warmup", action="store_true",
-                    help="MTP servers skip patch 0027's start-up compile of the spec decode kernels (A/B)")
+                    help="MTP servers skip the start-up compile of the spec decode kernels (A/B)")
     ap.add_argument("--profile-at", type=float, default=None,
                     help="profile each measured pass this many seconds after all its prompts run (default: none)")
     ap.add_argument("--profile-steps", type=int, default=20)

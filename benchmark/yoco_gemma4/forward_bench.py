@@ -11,16 +11,13 @@ process, synchronize before and after `extend`), one process per mode, each
 (batch, length) --repeats times; median reported.
 
 modes: off; on (default --kv-sharing-fast-prefill-min-tokens); on-all (min tokens 0:
-the fast path on every pass); on-all-legacy (on-all with the plan's host work as before
-patch 0029 and the lazy graph staging: a device sync for the lengths and the back-half
-batch built before layer 0, through legacy_plan_site/, for an A/B in one call); ceiling
-(the model cut to its front layers). --rounds R runs the mode list R times, one process
+the fast path on every pass); ceiling (the model cut to its front layers). --rounds R runs the mode list R times, one process
 per mode each time, and pools each mode's passes (processes alternate, so a slow spell
 of the host falls on every mode).
 CUDA graphs are off (`--disable-cuda-graph`), so the fast path's back half runs eager;
 --graphs keeps them but the prefill graph (`--disable-prefill-cuda-graph`, as in
 prefill_bench.py and the multimodal server), so that the back half replays its graphs as
-in a server (run 20 timed the eager back half here by mistake: 0.65-1.11x on short passes).
+in a server.
 """
 
 import argparse
@@ -40,16 +37,10 @@ MODE_FLAGS = {
     "on-all": ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"],
     "ceiling": [],
 }
-MODE_FLAGS["on-all-legacy"] = MODE_FLAGS["on-all"]
-LEGACY_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "legacy_plan_site")
 
 
 def mode_env(mode):
-    env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
-    if mode == "on-all-legacy":
-        env["BENCH_YOCO_LEGACY_PLAN"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (LEGACY_SITE, env.get("PYTHONPATH")) if p)
-    return env
+    return dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
 
 
 def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra, tag, graphs=False):

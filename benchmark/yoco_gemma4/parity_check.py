@@ -9,9 +9,7 @@ Runs: off with batch mix A, off with batch mix B, on with batch mix A.
 Reports how many outputs are byte-identical (on vs off-A), and the largest
 first-token top-5 logprob difference on vs off-A next to off-A vs off-B
 (what batch composition alone changes).
---on-only serves YOCO on with batch mix A alone: two code versions' results, compared
-with `benchmark/frozen_kv_mtp/compare_outputs.py --run on_a`, say whether a change kept
-the fast path's outputs bit for bit.
+--on-only serves YOCO on with batch mix A alone (to compare two code versions' outputs).
 """
 
 import argparse
@@ -107,7 +105,7 @@ def main():
     ap.add_argument("--max-new", type=int, default=16)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--extra", default="{}", help="JSON of engine kwargs for every run, e.g. deterministic inference")
-    ap.add_argument("--on-only", action="store_true", help="YOCO on, batch mix A only (compare_outputs.py --run on_a)")
+    ap.add_argument("--on-only", action="store_true", help="YOCO on, batch mix A only")
     a = ap.parse_args()
     extra = json.loads(a.extra)
     model = write_text_checkpoint(os.environ.get("YOCO_CKPT_DIR", "/tmp/yoco_ckpt") + f"/{a.variant}", a.variant)

@@ -22,12 +22,10 @@
    when one side fills a device call (TP=2: stages Y1/Y2); --merge joins the two sides.
    Each server first serves every workload once unmeasured (WARMUP_PROMPTS prompts,
    WARMUP_OUTPUT tokens each, another seed), so no measured pass is a fresh server's
-   first at its shapes. --no-warmup measures the cold server, as runs before 17 did.
-   Every pass starts from an empty prefix cache (bench_serving --flush-cache). Runs
-   before session 18 served chat after summ with the radix cache holding chat's prompts
-   (one seed makes each chat prompt the start of a summ prompt): chat's 80 prompts took
-   0.41 s to prefill there (run 13) against 1.5 s uncached (run 16), so those chat
-   numbers compared decode, not prefill.
+   first at its shapes. --no-warmup measures the cold server.
+   Every pass starts from an empty prefix cache (bench_serving --flush-cache): one seed
+   makes each chat prompt the start of a summ prompt, so a cached chat pass after summ
+   would compare decode, not prefill.
 Writes OUTDIR/results.json, OUTDIR/results.md and, where matplotlib is installed,
 OUTDIR/speedup.png, OUTDIR/ttft.png (median TTFT per workload) and OUTDIR/ttft_cdf.png
 (TTFT distributions, off vs on). Progress lines go to stdout.
@@ -128,7 +126,7 @@ def _bench(model, port, name, inp, outp, prompts, conc, jsonl, seed=0):
         # prompts' beginnings (chat prompt i is summ prompt i's first 1000 tokens), so a
         # pass after another one, or after bench_serving's own warm-up request, hit the
         # radix cache and prefilled almost nothing (chat after summ: 80 x 1000 tokens in
-        # 0.41 s, run 13; 1.5 s uncached, run 16).
+        # 0.41 s, against 1.5 s uncached, on an H200).
         "--flush-cache",
     ] + (["--max-concurrency", str(conc)] if conc else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -158,7 +156,7 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
     extra = {"disable_prefill_cuda_graph": False} if prefill_graph else {}
     if multimodal:
         # The server's warm-up runs the vision tower; on SM90 its default attention is
-        # FA3 from sgl_kernel, which the device wheel packs lack (run 12).
+        # FA3 from sgl_kernel, which the offline wheel packs lack.
         extra["mm_attention_backend"] = "triton_attn"
     extra.update(server_extra or {})
     res = []

@@ -371,7 +371,7 @@ def test_real_series_reads_as_stacks_and_exports_with_cover_letters(tmp_path):
     for stack, _ in fork.stacks_of(steps):
         letter = (exp / stack / "cover-letter.md").read_text()
         for section in ("## Motivation", "## Modifications", "## Accuracy Tests",
-                        "## Benchmarking and Profiling", "## Checklist"):
+                        "## Benchmark & Profiling", "## Checklist"):
             assert section in letter, (stack, section)
         git(pristine, "am", "-q", *sorted(str(p) for p in (exp / stack).glob("*.patch")))
     diff = subprocess.run(

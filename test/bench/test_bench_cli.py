@@ -1,0 +1,52 @@
+"""benchmark/*/bench.py: each named command maps to its script, --dry-run prints the
+command line without running it, and --help reaches the script's own options (on CPU:
+nothing here needs a GPU)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+YOCO = os.path.join(ROOT, "benchmark", "yoco_gemma4", "bench.py")
+MTP = os.path.join(ROOT, "benchmark", "frozen_kv_mtp", "bench.py")
+
+
+def bench(script, *args):
+    p = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return p.returncode, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("script,command,target", [
+    (YOCO, "prefill", "prefill_bench.py"), (YOCO, "forward", "forward_bench.py"),
+    (YOCO, "serve", "run.py"), (YOCO, "parity", "parity_check.py"),
+    (YOCO, "checkpoint", "make_checkpoint.py"),
+    (MTP, "step", "profile_draft.py"), (MTP, "serve", "serve_mtp.py"),
+    (MTP, "kernel", "verify_kernel_bench.py"), (MTP, "parity", "mtp_check.py"),
+])
+def test_each_command_has_help_and_a_dry_run(script, command, target):
+    rc, out = bench(script, command, "--help")
+    assert rc == 0 and "usage:" in out and target in out, out
+    rc, out = bench(script, command, "out.json", "--dry-run")
+    assert rc == 0 and out.startswith("$ python ") and target in out.splitlines()[0], out
+
+
+def test_defaults_and_overrides():
+    rc, out = bench(YOCO, "prefill", "o.json", "--variant", "e2b", "--dry-run")
+    assert "o.json --variant e2b --modes off,on-all,ceiling" in out
+    rc, out = bench(YOCO, "prefill", "o.json", "--modes", "off,on", "--dry-run")
+    assert out.count("--modes") == 1 and "--modes off,on" in out
+    rc, out = bench(YOCO, "serve", "d", "--dry-run")
+    assert "run.py d --skip-prefill" in out
+    rc, out = bench(YOCO, "parity", "p.json", "--deterministic", "--dry-run")
+    assert "enable_deterministic_inference" in out
+    rc, out = bench(MTP, "step", "d", "--target", "31b", "--dry-run")
+    assert "--modes off,mtp,mtp-splitkv-grouped --batches 8" in out
+
+
+def test_unknown_command_is_refused():
+    rc, out = bench(YOCO, "nope")
+    assert rc != 0 and "prefill|forward|serve|parity|checkpoint" in out
+    rc, out = bench(YOCO, "--help")
+    assert rc == 0 and "prefill" in out and "serve" in out

@@ -1,0 +1,62 @@
+"""`make demo`'s client path: a CPU server on the tiny Gemma-4 with YOCO on, spoken to through
+the OpenAI-compatible API with text (completions, chat, a streamed chat reply).
+
+Starts scripts/demo.py's server (about a minute on two cores) and runs its client."""
+
+import importlib.util
+import os
+import socket
+
+import pytest
+
+# The demo serves with YOCO on and shows its start-up line: it needs the model branch.
+pytestmark = pytest.mark.stack("yoco-model")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_demo():
+    spec = importlib.util.spec_from_file_location("demo", os.path.join(ROOT, "scripts", "demo.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tokenizer_round_trip(tmp_path):
+    demo = load_demo()
+    demo.write_tokenizer(str(tmp_path), 512)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(tok) == 512
+    ids = tok("hello, what does yoco do?")["input_ids"]
+    assert tok.unk_token_id not in ids and max(ids) < 512
+    assert tok.decode(ids) == "hello, what does yoco do?"
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert chat == "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_demo_client_path(tmp_path):
+    demo = load_demo()
+    model = demo.build_model(str(tmp_path / "demo-model"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = demo.Server(demo.server_command(model, port), echo=lambda line: None)
+    try:
+        server.wait_healthy(url)
+        texts = demo.client(url, stream=True, out=lambda *a, **k: None)
+    finally:
+        server.stop()
+    assert set(texts) == {"completion", "chat", "stream"}
+    for name, text in texts.items():
+        assert isinstance(text, str) and text.strip(), (name, text)
+    log = "\n".join(server.lines)
+    assert "KV-sharing fast prefill (YOCO) on" in log
+    assert "prefill passes of >= 0 new tokens" in log
