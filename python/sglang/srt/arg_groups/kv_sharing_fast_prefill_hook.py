@@ -208,7 +208,11 @@ def _cap_breakable_prefill_graph(server_args: ServerArgs, min_tokens: int) -> bo
         return False
     if len(kept) < len(sizes):
         pinned = {(Phase.PREFILL, "bs"), (Phase.PREFILL, "max_bs")}
-        log = logger.warning if pinned & server_args._cuda_graph_config_locked else logger.info
+        log = (
+            logger.warning
+            if pinned & server_args._cuda_graph_config_locked
+            else logger.info
+        )
         log(
             "Prefill CUDA graph (%s) capped at %d tokens because %s is on: passes "
             "of >= %d new tokens (--kv-sharing-fast-prefill-min-tokens) take the "

@@ -45,7 +45,9 @@ def handle_triton_split_kv_verify(server_args: ServerArgs) -> None:
             f"{FLAG} is incompatible with --enable-deterministic-inference, which "
             "verifies with triton's batch-invariant unified kernel: drop one of them."
         )
-    for phase, backend in zip(("prefill", "decode"), server_args._resolved_attention_backends()):
+    for phase, backend in zip(
+        ("prefill", "decode"), server_args._resolved_attention_backends()
+    ):
         if backend is not None and backend != "triton":
             raise ValueError(
                 f"{FLAG} applies to the triton attention backend, but the {phase} "

@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence
 
 import torch
-
 from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import DEFAULT_MIN_TOKENS
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import get_attn_backend
@@ -180,7 +179,9 @@ def _seq_lens_cpu(forward_batch: ForwardBatch) -> List[int]:
     ]
 
 
-def last_token_rows(extend_seq_lens_cpu: Sequence[int], reqs: Sequence[int]) -> List[int]:
+def last_token_rows(
+    extend_seq_lens_cpu: Sequence[int], reqs: Sequence[int]
+) -> List[int]:
     """Row of each listed request's last new token (extend_start_loc + len - 1)."""
     starts, acc = [], 0
     for n in extend_seq_lens_cpu:
@@ -294,9 +295,7 @@ def make_back_half_batch(
         fb.extend_num_tokens = n
         fb.extend_seq_lens = torch.ones(n, dtype=lens.dtype, device=lens.device)
         fb.extend_prefix_lens = (fb.seq_lens - 1).to(lens.dtype)
-        fb.extend_start_loc = torch.arange(
-            n, dtype=lens.dtype, device=lens.device
-        )
+        fb.extend_start_loc = torch.arange(n, dtype=lens.dtype, device=lens.device)
         fb.extend_seq_lens_cpu = [1] * n
         fb.extend_prefix_lens_cpu = [s - 1 for s in plan.seq_lens_cpu]
     return fb
@@ -381,7 +380,9 @@ def build_back_half_metadata(
             setattr(backend, name, buf)
         backend.init_forward_metadata(fb)
         _set_back_half_window(backend, fb, full_prefix_lens_cpu)
-        return {n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)}
+        return {
+            n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)
+        }
     finally:
         for name, buf in originals.items():
             setattr(backend, name, buf)
@@ -414,9 +415,11 @@ def per_layer_inputs_for_plan(
         rows = plan.token_index
         plan.back_per_layer_inputs = combine(
             projection[:, first:].index_select(0, rows),
-            per_layer_inputs[:, first:].index_select(0, rows)
-            if per_layer_inputs is not None
-            else None,
+            (
+                per_layer_inputs[:, first:].index_select(0, rows)
+                if per_layer_inputs is not None
+                else None
+            ),
         )
     return front
 
@@ -464,7 +467,9 @@ def run_back_half(
             h, _ = layers[layer_idx](
                 positions=plan.batch.positions,
                 hidden_states=h,
-                per_layer_input=ple[:, layer_idx - first, :] if ple is not None else None,
+                per_layer_input=(
+                    ple[:, layer_idx - first, :] if ple is not None else None
+                ),
                 forward_batch=plan.batch,
                 **kwargs,
             )

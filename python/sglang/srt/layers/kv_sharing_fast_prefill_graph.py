@@ -2,18 +2,17 @@
 
 The back half runs the KV-shared layers (20 on E2B, 18 on E4B) on one row per
 request: a handful of rows and about 25 small kernels per layer. Eager, its
-launches cost more than its arithmetic. On passes of up to about 8k tokens the
-front half's GPU work is too short to hide them (E2B 1024 x 8 held at 88 % of
-its ceiling, H200 profile, run 13). So, as decode does, the back half is
-captured once per batch-size bucket at start-up and replayed.
+launches cost more than its arithmetic, and on passes of up to about 8k tokens
+the front half's GPU work is too short to hide them. So, as decode does, the
+back half is captured once per batch-size bucket at start-up and replayed.
 
 A graph runs the same step as the eager back half
 (``kv_sharing_fast_prefill.make_back_half_batch``): one query per request over
 its whole cached sequence, no KV write. It reads its metadata from a private
 triton backend with its own CUDA-graph buffers, so neither the pass's metadata
 nor the decode graphs' buffers are written. Its decode metadata keeps W + 1
-sliding-window keys, the window of the full pass's extend kernel (patch 0021;
-stock 0.5.17 kept W), as the eager back half's decode metadata does.
+sliding-window keys, the window of the full pass's extend kernel, as the eager
+back half's decode metadata does.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import os
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
-
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -147,7 +145,9 @@ class BackHalfCudaGraphs:
         pool = torch.cuda.graph_pool_handle()
         ctx = ForwardContext(attn_backend=self.backend)
         with torch.no_grad(), graph_capture() as gc, forward_context(ctx):
-            for bs in reversed(self.buckets):  # large first: the small ones reuse its memory
+            for bs in reversed(
+                self.buckets
+            ):  # large first: the small ones reuse its memory
                 fb = self._batch(bs)
                 self.backend.init_forward_metadata_out_graph(fb, in_capture=True)
                 for _ in range(2):  # autotune / allocate off the graph
@@ -196,7 +196,7 @@ class BackHalfCudaGraphs:
 
 def make_back_half_backend(model_runner, max_bs: int):
     """A private triton backend for the back half, with its own CUDA-graph
-    buffers. Its decode metadata keeps W + 1 window keys (patch 0021), the keys
+    buffers. Its decode metadata keeps W + 1 window keys, the keys
     the extend kernel of the full pass lets the token attend (q - k <= W)."""
     backend = model_runner._get_attention_backend()
     backend.init_cuda_graph_state(max_bs, max_bs)
@@ -247,8 +247,8 @@ def capture_back_half_graphs(model_runner) -> Optional[BackHalfCudaGraphs]:
 def resolve_default_min_tokens(model_runner, text_model) -> None:
     """Unset --kv-sharing-fast-prefill-min-tokens becomes 0 once the back half is
     captured, unless a prefill CUDA graph replays the small passes (its capture
-    sizes were kept below DEFAULT_MIN_TOKENS by the server-arg hook). With the
-    launches gone, short passes pay too: E2B 64 x 8 ran 1.84x (run 14)."""
+    sizes were kept below DEFAULT_MIN_TOKENS by the server-arg hook): with the
+    launches gone, short passes gain too."""
     if text_model.fast_prefill_min_tokens is not None:
         return
     # With the prefill graph disabled, 0.5.17 routes prefill through an

@@ -18,9 +18,7 @@ stream that persists and grows with depth. For Gemma-4 (model_type gemma4*):
   * token embeddings (tied with lm_head) at RMS 0.25 of the post-norm branch
     outputs, final norm x4 to keep the logit scale: otherwise the input token's
     embedding dominates the final state and the model predicts its own input.
-benchmark/yoco_gemma4/chaos_probe.py measures this (.humanize/yoco-gemma4/
-chaos-probe.md). Each tensor is seeded by its name: stable across runs,
-processes and load order.
+Each tensor is seeded by its name: stable across runs, processes and load order.
 """
 
 import zlib

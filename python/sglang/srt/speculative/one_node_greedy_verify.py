@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 import torch
-
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.speculative.eagle_info import EagleDraftInput

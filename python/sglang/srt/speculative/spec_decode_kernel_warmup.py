@@ -27,7 +27,6 @@ import time
 from typing import Iterable
 
 import torch
-
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform
 from sglang.kernels.ops.speculative.eagle import fill_bonus_tokens
 from sglang.srt.mem_cache.allocation import assign_req_to_token_pool

@@ -18,12 +18,8 @@ kernel's. Off unless `--triton-attention-split-kv-verify`.
 By default the metadata holds one key list per request instead (its prefix and
 draft tokens; a sliding layer's union of the rows' windows, W + N keys) and
 `triton_chain_verify_grouped.py` computes all N draft rows of a request per key
-tile, reading the keys once a request instead of once a draft token. On an H200
-it is up to 1.9x faster at batch 8, and the 31B step grows 1.09x from 220 to 2048
-keys (per draft token: 1.25x, run 16). Alone on the machine (run 17) it was the
-faster of the two at all 12 (shape, batch 1/2/8, 220/1024 keys) points; run 16's
-one slower point (E4B, batch 1, 220 keys), timed beside a job on the other GPU,
-read 1.31x faster there.
+tile, reading the keys once a request instead of once a draft token, so a step
+grows with the context about as a decode step does.
 SGLANG_CHAIN_VERIFY_GROUPED=0 keeps one decode row per draft token, which an fp8
 KV cache also gets (the grouped kernel applies no KV scales). A layer with a
 score_mod or xai temperature runs one row per draft token when eager, and stops
@@ -35,8 +31,9 @@ import logging
 import os
 
 import torch
-
-from sglang.srt.layers.attention.triton_chain_verify_grouped import chain_verify_grouped_fwd
+from sglang.srt.layers.attention.triton_chain_verify_grouped import (
+    chain_verify_grouped_fwd,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +53,9 @@ def chain_verify_enabled(backend, server_args) -> bool:
     if not getattr(server_args, "triton_attention_split_kv_verify", False):
         return False
     if backend.skip_prefill or backend.is_draft_runner or backend.topk != 1:
-        return False  # no TARGET_VERIFY here (drafts); topk > 1 is a tree (hook rejects)
+        return (
+            False  # no TARGET_VERIFY here (drafts); topk > 1 is a tree (hook rejects)
+        )
     # Each of these takes a path of its own in forward_extend / the metadata
     # builders; the chain form is only wired for the plain one.
     unwired = [
@@ -72,7 +71,8 @@ def chain_verify_enabled(backend, server_args) -> bool:
     if unwired:
         logger.warning(
             "--triton-attention-split-kv-verify is ignored with %s: verify keeps the "
-            "extend kernel", ", ".join(unwired)
+            "extend kernel",
+            ", ".join(unwired),
         )
     return not unwired
 
@@ -95,11 +95,12 @@ class ChainVerify:
 
     def __init__(self, backend):
         self.backend = backend
-        self.swa = backend.sliding_window_size is not None and backend.sliding_window_size > 0
+        self.swa = (
+            backend.sliding_window_size is not None and backend.sliding_window_size > 0
+        )
         # The extend kernel lets a query at position p see keys k >= p - W
         # (W = backend.sliding_window_size): W + 1 keys, as triton's decode
-        # metadata keeps since patch 0021 (stock kept W). The verify's keys are
-        # the extend kernel's.
+        # metadata keeps. The verify's keys are the extend kernel's.
         self.window = backend.sliding_window_size + 1 if self.swa else None
         self.grouped = chain_verify_grouped(backend)
 
@@ -120,20 +121,32 @@ class ChainVerify:
         self.window_kv_indptr = self.window_kv_indices = None
         if self.swa:
             self.window_kv_indptr = torch.zeros_like(self.kv_indptr)
-            self.window_kv_indices = torch.zeros(max_num_tokens * self.window, dtype=torch.int64, device=dev)
+            self.window_kv_indices = torch.zeros(
+                max_num_tokens * self.window, dtype=torch.int64, device=dev
+            )
 
     def fill_graph_buffers(self, bs, seq_lens, req_pool_indices, spec_info):
         be = self.backend
         n = _num_draft_tokens(be, spec_info)
         rows, lens = self._lists(seq_lens[:bs], req_pool_indices[:bs], n, self.grouped)
-        window_lens = self._fill(rows, lens, self.kv_indptr, be.cuda_graph_kv_indices,
-                                 self.window_kv_indptr, self.window_kv_indices, n, self.grouped)
+        window_lens = self._fill(
+            rows,
+            lens,
+            self.kv_indptr,
+            be.cuda_graph_kv_indices,
+            self.window_kv_indptr,
+            self.window_kv_indices,
+            n,
+            self.grouped,
+        )
         m = rows.shape[0]
         be.get_num_kv_splits(be.cuda_graph_num_kv_splits[:m], lens)
         if self.swa:
             be.get_num_kv_splits(be.cuda_graph_window_num_kv_splits[:m], window_lens)
 
-    def graph_metadata(self, bs, spec_info, swa_out_cache_loc, out_cache_loc_full_physical):
+    def graph_metadata(
+        self, bs, spec_info, swa_out_cache_loc, out_cache_loc_full_physical
+    ):
         from sglang.srt.layers.attention.triton_backend import ForwardMetadata
 
         be = self.backend
@@ -150,7 +163,9 @@ class ChainVerify:
             mask_indptr=None,
             window_kv_indptr=self.window_kv_indptr[: m + 1] if self.swa else None,
             window_kv_indices=self.window_kv_indices,
-            window_num_kv_splits=be.cuda_graph_window_num_kv_splits if self.swa else None,
+            window_num_kv_splits=(
+                be.cuda_graph_window_num_kv_splits if self.swa else None
+            ),
             window_kv_offsets=None,
             swa_attn_logits=be.cuda_graph_swa_attn_logits,
             swa_out_cache_loc=swa_out_cache_loc,
@@ -168,7 +183,9 @@ class ChainVerify:
         grouped = self.grouped if grouped is None else grouped
         n = _num_draft_tokens(be, forward_batch.spec_info)
         bs = len(forward_batch.req_pool_indices)
-        rows, lens = self._lists(forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n, grouped)
+        rows, lens = self._lists(
+            forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n, grouped
+        )
         m, q_rows, dev = rows.shape[0], bs * n, be.device
         # Exact size (one sync): eager verify runs only off the CUDA-graph path.
         kv_indices = torch.empty(int(lens.sum().item()), dtype=torch.int64, device=dev)
@@ -176,9 +193,19 @@ class ChainVerify:
         window_kv_indptr = window_kv_indices = None
         if self.swa:
             window_kv_indptr = torch.zeros_like(kv_indptr)
-            window_kv_indices = torch.empty(m * self._list_window(n, grouped), dtype=torch.int64, device=dev)
-        window_lens = self._fill(rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices, n,
-                                 grouped)
+            window_kv_indices = torch.empty(
+                m * self._list_window(n, grouped), dtype=torch.int64, device=dev
+            )
+        window_lens = self._fill(
+            rows,
+            lens,
+            kv_indptr,
+            kv_indices,
+            window_kv_indptr,
+            window_kv_indices,
+            n,
+            grouped,
+        )
 
         def splits(seq):
             out = torch.empty(m, dtype=torch.int32, device=dev)
@@ -186,7 +213,14 @@ class ChainVerify:
             return out
 
         def logits(v_dim):
-            return torch.empty(q_rows, be.num_head, be.max_kv_splits, v_dim, dtype=torch.float32, device=dev)
+            return torch.empty(
+                q_rows,
+                be.num_head,
+                be.max_kv_splits,
+                v_dim,
+                dtype=torch.float32,
+                device=dev,
+            )
 
         return (
             kv_indptr,
@@ -196,22 +230,48 @@ class ChainVerify:
             splits(lens),
             splits(window_lens) if self.swa else None,
             logits(be.v_head_dim),
-            torch.empty(q_rows, be.num_head, be.max_kv_splits, dtype=torch.float32, device=dev),
+            torch.empty(
+                q_rows, be.num_head, be.max_kv_splits, dtype=torch.float32, device=dev
+            ),
             logits(be.swa_v_head_dim) if be.swa_v_head_dim is not None else None,
         )
 
     # --- forward ------------------------------------------------------------------
-    def forward(self, q, k, v, layer, forward_batch, sinks=None, score_mod=None, aux_tensors=None):
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        layer,
+        forward_batch,
+        sinks=None,
+        score_mod=None,
+        aux_tensors=None,
+    ):
         """The verify's attention; K/V of the draft tokens are already saved."""
         be = self.backend
         if not self.grouped:
             # One decode row per draft token.
-            return be.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False,
-                                     sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
-        unsupported = [name for name, on in (
-            ("score_mod", score_mod is not None),
-            ("xai temperature", (layer.xai_temperature_len or -1) > 0),
-            ("scaled (fp8) KV", layer.k_scale is not None)) if on]
+            return be.forward_decode(
+                q,
+                k,
+                v,
+                layer,
+                forward_batch,
+                save_kv_cache=False,
+                sinks=sinks,
+                score_mod=score_mod,
+                aux_tensors=aux_tensors,
+            )
+        unsupported = [
+            name
+            for name, on in (
+                ("score_mod", score_mod is not None),
+                ("xai temperature", (layer.xai_temperature_len or -1) > 0),
+                ("scaled (fp8) KV", layer.k_scale is not None),
+            )
+            if on
+        ]
         if unsupported:
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 # At start-up: per-row metadata cannot be built inside a graph.
@@ -219,10 +279,20 @@ class ChainVerify:
                     f"the grouped chain verify does not handle {', '.join(unsupported)}; "
                     f"set {GROUPED_ENV}=0 for the per-draft-token kernel, which does"
                 )
-            return self._forward_per_row(q, k, v, layer, forward_batch, sinks=sinks,
-                                         score_mod=score_mod, aux_tensors=aux_tensors)
+            return self._forward_per_row(
+                q,
+                k,
+                v,
+                layer,
+                forward_batch,
+                sinks=sinks,
+                score_mod=score_mod,
+                aux_tensors=aux_tensors,
+            )
         md = be.forward_metadata
-        sliding = layer.sliding_window_size is not None and layer.sliding_window_size > -1
+        sliding = (
+            layer.sliding_window_size is not None and layer.sliding_window_size > -1
+        )
         attn_logits = md.attn_logits
         if md.swa_attn_logits is not None and layer.v_head_dim == be.swa_v_head_dim:
             attn_logits = md.swa_attn_logits
@@ -247,18 +317,31 @@ class ChainVerify:
         )
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
-    _EAGER_FIELDS = ("kv_indptr", "kv_indices", "window_kv_indptr", "window_kv_indices", "num_kv_splits",
-                     "window_num_kv_splits", "attn_logits", "attn_lse", "swa_attn_logits")
+    _EAGER_FIELDS = (
+        "kv_indptr",
+        "kv_indices",
+        "window_kv_indptr",
+        "window_kv_indices",
+        "num_kv_splits",
+        "window_num_kv_splits",
+        "attn_logits",
+        "attn_lse",
+        "swa_attn_logits",
+    )
 
     def _forward_per_row(self, q, k, v, layer, forward_batch, **kwargs):
         """Eager fallback for a layer the grouped kernel does not handle: this
         layer's verify as one decode row per draft token, on metadata built for it."""
         be = self.backend
         grouped_md = be.forward_metadata
-        per_row = dict(zip(self._EAGER_FIELDS, self.eager_fields(forward_batch, grouped=False)))
+        per_row = dict(
+            zip(self._EAGER_FIELDS, self.eager_fields(forward_batch, grouped=False))
+        )
         be.forward_metadata = dataclasses.replace(grouped_md, **per_row)
         try:
-            return be.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False, **kwargs)
+            return be.forward_decode(
+                q, k, v, layer, forward_batch, save_kv_cache=False, **kwargs
+            )
         finally:
             be.forward_metadata = grouped_md
 
@@ -274,7 +357,17 @@ class ChainVerify:
         # Grouped: the union of a request's n row windows, which end one key apart.
         return self.window + n - 1 if grouped else self.window
 
-    def _fill(self, rows, lens, kv_indptr, kv_indices, window_kv_indptr, window_kv_indices, n, grouped):
+    def _fill(
+        self,
+        rows,
+        lens,
+        kv_indptr,
+        kv_indices,
+        window_kv_indptr,
+        window_kv_indices,
+        n,
+        grouped,
+    ):
         """The backend's decode index builders, run over each key list (see
         `_lists`). Returns the window lengths (None without sliding window)."""
         from sglang.srt.layers.attention.triton_backend import (
@@ -286,7 +379,13 @@ class ChainVerify:
         m = rows.shape[0]
         kv_indptr[1 : m + 1] = torch.cumsum(lens, dim=0)
         create_flashinfer_kv_indices_triton[(m,)](
-            be.req_to_token, rows, lens, kv_indptr, None, kv_indices, be.req_to_token.stride(0)
+            be.req_to_token,
+            rows,
+            lens,
+            kv_indptr,
+            None,
+            kv_indices,
+            be.req_to_token.stride(0),
         )
         if not self.swa:
             return None

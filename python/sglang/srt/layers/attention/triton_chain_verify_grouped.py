@@ -4,9 +4,9 @@
 over its own copy of the request's key list. The decode kernel groups query heads
 that share a KV head, but not rows: every draft row walks the whole context again,
 so the verify reads each request's K/V N times. At 31B's shape that is what makes a
-FROZEN_KV_MTP step grow with context: batch 8, 4 draft tokens, 220 -> 2460 keys, the
-split-KV verify grows 6.1 ms (`verify_kernel_bench.py`, run 8), close to N times what
-a decode step's attention grows (1.9 ms for the whole no-spec step, run 10).
+FROZEN_KV_MTP step grow with context: at batch 8 with 4 draft tokens the split-KV
+verify grows close to N times what a decode step's attention grows
+(`benchmark/frozen_kv_mtp/verify_kernel_bench.py` measures both).
 
 Here one program takes one request, one KV head (or a slice of its query heads) and
 one split of the request's keys, and computes all N x G query rows against each key
@@ -48,13 +48,37 @@ def _span(kv_indptr, num_kv_splits, b, s, N: tl.constexpr, WINDOW: tl.constexpr)
 
 @triton.jit
 def _chain_grouped_stage1(
-    Q, K, V, kv_indptr, kv_indices, num_kv_splits, Att_Out, Att_Lse,
-    sm_scale, logit_cap,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
-    N: tl.constexpr, G: tl.constexpr, HEADS_PER_PROG: tl.constexpr, WINDOW: tl.constexpr,
-    D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    kv_indptr,
+    kv_indices,
+    num_kv_splits,
+    Att_Out,
+    Att_Lse,
+    sm_scale,
+    logit_cap,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_lh,
+    N: tl.constexpr,
+    G: tl.constexpr,
+    HEADS_PER_PROG: tl.constexpr,
+    WINDOW: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     chunks: tl.constexpr = G // HEADS_PER_PROG
@@ -76,7 +100,10 @@ def _chain_grouped_stage1(
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         q = tl.load(
-            Q + (b * N + t)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+            Q
+            + (b * N + t)[:, None] * stride_qt
+            + head[:, None] * stride_qh
+            + offs_d[None, :],
             mask=row_ok[:, None] & (offs_d[None, :] < D),
             other=0.0,
         )
@@ -122,15 +149,32 @@ def _chain_grouped_stage1(
             mask=row_ok[:, None] & (offs_dv[None, :] < DV),
         )
         lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(Att_Lse + (b * N + t) * stride_lt + head * stride_lh + s, lse, mask=row_ok)
+        tl.store(
+            Att_Lse + (b * N + t) * stride_lt + head * stride_lh + s, lse, mask=row_ok
+        )
 
 
 @triton.jit
 def _chain_grouped_stage2(
-    Att_Out, Att_Lse, O, kv_indptr, num_kv_splits, Sinks,
-    stride_ot, stride_oh, stride_os, stride_lt, stride_lh, stride_out_t, stride_out_h,
-    N: tl.constexpr, WINDOW: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-    MAX_SPLITS: tl.constexpr, HAS_SINK: tl.constexpr,
+    Att_Out,
+    Att_Lse,
+    O,
+    kv_indptr,
+    num_kv_splits,
+    Sinks,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_lh,
+    stride_out_t,
+    stride_out_h,
+    N: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -144,7 +188,11 @@ def _chain_grouped_stage2(
         _, _, s_lo, s_hi = _span(kv_indptr, num_kv_splits, b, s, N, WINDOW)
         if s_hi > s_lo:
             lse = tl.load(Att_Lse + r * stride_lt + h * stride_lh + s)
-            part = tl.load(Att_Out + r * stride_ot + h * stride_oh + s * stride_os + offs_dv, mask=dv_ok, other=0.0)
+            part = tl.load(
+                Att_Out + r * stride_ot + h * stride_oh + s * stride_os + offs_dv,
+                mask=dv_ok,
+                other=0.0,
+            )
             m_new = tl.maximum(m, lse)
             scale = tl.exp(m - m_new)
             w = tl.exp(lse - m_new)  # 0 for a split where this row saw no key
@@ -155,7 +203,11 @@ def _chain_grouped_stage2(
         # An attention sink: one more logit per head in the denominator, no value
         # (as triton's decode kernel adds it).
         w_sum += tl.exp(tl.load(Sinks + h).to(tl.float32) - m)
-    tl.store(O + r * stride_out_t + h * stride_out_h + offs_dv, (acc / w_sum).to(O.dtype.element_ty), mask=dv_ok)
+    tl.store(
+        O + r * stride_out_t + h * stride_out_h + offs_dv,
+        (acc / w_sum).to(O.dtype.element_ty),
+        mask=dv_ok,
+    )
 
 
 def launch_config(N: int, G: int, block_d: int, block_dv: int):
@@ -164,7 +216,10 @@ def launch_config(N: int, G: int, block_d: int, block_dv: int):
     for these row counts (64 keys a tile spill at both; ptxas -v)."""
     wide = max(block_d, block_dv)
     heads_per_prog = G
-    while N * heads_per_prog > (_MAX_ROWS_WIDE if wide >= 512 else _MAX_ROWS) and heads_per_prog % 2 == 0:
+    while (
+        N * heads_per_prog > (_MAX_ROWS_WIDE if wide >= 512 else _MAX_ROWS)
+        and heads_per_prog % 2 == 0
+    ):
         heads_per_prog //= 2
     block_m = max(16, triton.next_power_of_2(N * heads_per_prog))
     return heads_per_prog, block_m, 32, 8 if wide >= 256 else 4
@@ -203,21 +258,59 @@ def chain_verify_grouped_fwd(
     block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(dv)
     heads_per_prog, block_m, block_n, num_warps = launch_config(N, G, block_d, block_dv)
     _chain_grouped_stage1[(B, kv_heads * (G // heads_per_prog), max_kv_splits)](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse,
-        sm_scale, logit_cap,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1),
-        attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
-        attn_lse.stride(0), attn_lse.stride(1),
-        N=N, G=G, HEADS_PER_PROG=heads_per_prog, WINDOW=window, D=D, DV=dv,
-        BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, BLOCK_N=block_n,
+        q,
+        k_buffer,
+        v_buffer,
+        kv_indptr,
+        kv_indices,
+        num_kv_splits,
+        attn_logits,
+        attn_lse,
+        sm_scale,
+        logit_cap,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        attn_logits.stride(0),
+        attn_logits.stride(1),
+        attn_logits.stride(2),
+        attn_lse.stride(0),
+        attn_lse.stride(1),
+        N=N,
+        G=G,
+        HEADS_PER_PROG=heads_per_prog,
+        WINDOW=window,
+        D=D,
+        DV=dv,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
         num_warps=num_warps,
         num_stages=2,
     )
     _chain_grouped_stage2[(T, H)](
-        attn_logits, attn_lse, o, kv_indptr, num_kv_splits, attn_lse if sinks is None else sinks,
-        attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
-        attn_lse.stride(0), attn_lse.stride(1), o.stride(0), o.stride(1),
-        N=N, WINDOW=window, DV=dv, BLOCK_DV=block_dv, MAX_SPLITS=max_kv_splits,
-        HAS_SINK=sinks is not None, num_warps=4,
+        attn_logits,
+        attn_lse,
+        o,
+        kv_indptr,
+        num_kv_splits,
+        attn_lse if sinks is None else sinks,
+        attn_logits.stride(0),
+        attn_logits.stride(1),
+        attn_logits.stride(2),
+        attn_lse.stride(0),
+        attn_lse.stride(1),
+        o.stride(0),
+        o.stride(1),
+        N=N,
+        WINDOW=window,
+        DV=dv,
+        BLOCK_DV=block_dv,
+        MAX_SPLITS=max_kv_splits,
+        HAS_SINK=sinks is not None,
+        num_warps=4,
     )
