@@ -90,7 +90,7 @@ def mtp(setup, return_logprob=True, **extra):
     return tokens
 
 
-@pytest.mark.stack("generic-fixes", fails_before=True)
+@pytest.mark.stack("generic-fixes")
 def test_triton_decode_matches_hf(setup):
     tokens, verify = serve(setup)
     assert tokens == setup[3]
