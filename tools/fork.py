@@ -643,7 +643,8 @@ def _pytest(fork: Fork, python: str, tree: Path, nodeids: list[str]) -> subproce
 
 
 def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
-               stack: str | None = None, log=print) -> list[StepReport]:
+               stack: str | None = None, start: str | None = None,
+               log=print) -> list[StepReport]:
     """Every step is a working tree: applied in order with git am, each step's touched
     modules byte-compile and import from the tree, and its tests pass there (those
     marked fails_before also fail just before it)."""
@@ -659,12 +660,19 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     validate_marks(tests, steps)
     last_of_stack = {st[-1].name for _, st in stacks_of(steps)}
     first_of_stack = {st[0].name for _, st in stacks_of(steps)}
+    if start is not None and start not in {s.name for s in steps}:
+        raise ForkError(f"--from {start}: not a step of patches/series")
     reports = []
+    skipping = start is not None
     with tempfile.TemporaryDirectory(prefix="fork-each-") as tmp:
         tree = Path(tmp) / "tree"
         tree.mkdir()
         create_base(fork, tree)
         for s in steps:
+            skipping = skipping and s.name != start
+            if skipping:  # --from: only applied
+                apply_step(tree, s)
+                continue
             t0 = time.monotonic()
             selected = run_tests and (stack is None or s.stack == stack)
             wanted = [t for t in tests if t.stack == s.stack and (
@@ -811,6 +819,8 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
     p.add_argument("--python", help="interpreter that imports and tests (default: this one)")
     p.add_argument("--stack", help="with --each: run the tests of this stack only")
     p.add_argument("--no-tests", action="store_true", help="with --each: apply and import only")
+    p.add_argument("--from", dest="start", metavar="STEP",
+                   help="with --each: only apply the steps before STEP (to resume)")
     sub.add_parser("diffstat", help="files and +/- lines per step")
     args = ap.parse_args(argv)
     fork = fork or Fork()
@@ -831,7 +841,8 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
         elif args.cmd == "check" and args.each:
             t0 = time.monotonic()
             reports = check_each(fork, args.python, run_tests=not args.no_tests,
-                                 stack=args.stack, log=lambda m: print(m, flush=True))
+                                 stack=args.stack, start=args.start,
+                                 log=lambda m: print(m, flush=True))
             print(f"ok: all {len(reports)} steps apply, import and pass their tests "
                   f"({sum(r.tests for r in reports)} test selections, "
                   f"{sum(len(r.proofs) for r in reports)} fail one step earlier; "

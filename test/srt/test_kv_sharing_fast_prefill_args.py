@@ -338,13 +338,29 @@ def test_gemma4_with_kv_shared_layers_accepted(
         args = server_args(model(variant))
     assert args.kv_sharing_fast_prefill is True
     lines = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
-    assert lines == [
+    assert len(lines) == 1
+    # (With the back-half CUDA graphs, a note on the unset default follows.)
+    assert lines[0].startswith(
         f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
         f"of {num_layers}; prefill passes of >= 4096 new tokens run layers "
-        f"{first_shared}-{num_layers - 1} for the last token of each request only "
+        f"{first_shared}-{num_layers - 1} for the last token of each request only"
+    )
+
+
+@pytest.mark.stack("yoco-model", step="back-half-cuda-graphs", fails_before=True)
+def test_start_up_line_says_an_unset_threshold_may_become_0(model, caplog):
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        server_args(model("E4B"))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    assert line.endswith(
         "(min-tokens unset: 0 instead if the back half gets CUDA graphs at start-up "
         "and no prefill CUDA graph is captured)"
-    ]
+    )
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        caplog.clear()
+        server_args(model("E4B"), kv_sharing_fast_prefill_min_tokens=64)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    assert line.endswith("for the last token of each request only")
 
 
 @pytest.mark.parametrize("variant, num_layers", [("26B-A4B", 30), ("31B", 60)])

@@ -1,0 +1,88 @@
+"""`python -m sglang.launch_server` of the tiny Gemma-4 on CPU, as a client sees it.
+
+Loopback only. The server runs in its own session (process group), so stop()
+ends exactly the processes it started: the HTTP server and its scheduler and
+detokenizer children.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+SERVER_ARGS = [
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--dtype", "float32",
+    "--skip-tokenizer-init",
+    "--disable-cuda-graph",
+    "--max-total-tokens", "8192",
+    "--max-running-requests", "64",
+    "--mem-fraction-static", "0.5",
+    "--random-seed", "0",
+    "--log-level", "warning",
+    # An idle scheduler polls without pause otherwise: a whole core each.
+    "--sleep-on-idle",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, model_path: str, extra_args=(), name: str = "server"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(
+            prefix=f"sglang-{name}-", suffix=".log", delete=False
+        )
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
+                   SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN="1")
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+               "--host", "127.0.0.1", "--port", str(self.port), *SERVER_ARGS, *extra_args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 600.0) -> "ServerProcess":
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited at start-up:\n{self.log_tail()}")
+            if self.alive():
+                return self
+            time.sleep(1.0)
+        raise RuntimeError(f"the server did not start in {timeout:.0f} s:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        try:
+            return requests.get(self.url + "/health", timeout=30).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def log_tail(self, n: int = 60) -> str:
+        with open(self.log.name, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+    def post(self, path: str, body, timeout: float = 300.0):
+        return requests.post(self.url + path, json=body, timeout=timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        try:  # children left behind by a crashed server
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.log.close()

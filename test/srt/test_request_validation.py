@@ -1,0 +1,162 @@
+"""Request validation (request_validation.py, patches 0031-0034).
+
+Unit tests of the module, then a real `python -m sglang.launch_server` of the
+tiny Gemma-4 (YOCO on, --skip-tokenizer-init): each bad request of
+bad_requests.py gets a 400 naming its cause, and the server keeps serving.
+"""
+
+from array import array
+
+import pytest
+
+from bad_requests import BAD_REQUESTS, STOCK_CRASHES, VOCAB, error_message
+from server_process import ServerProcess
+
+pytestmark = pytest.mark.stack("generic-fixes")
+
+
+def _check(**kw):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.request_validation import validate_generate_request
+
+    validate_generate_request(GenerateReqInput(**kw), VOCAB)
+
+
+def _rejects(match, **kw):
+    from sglang.srt.managers.request_validation import RequestValidationError
+
+    with pytest.raises(RequestValidationError, match=match) as e:
+        _check(**kw)
+    assert isinstance(e.value, ValueError) and e.value.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        ([5, 512], r"input_ids\[1\] is 512, outside the vocabulary: token ids must be in \[0, 512\)"),
+        ([5, -1], r"input_ids\[1\] is -1"),
+        ([5, 2**70], r"input_ids\[1\] is 1180591620717411303424"),
+        ([5, 6.5], r"input_ids\[1\] is 6.5 \(float\); token ids must be integers"),
+        ([5, "a"], r"input_ids\[1\] is 'a' \(str\)"),
+        ([[5], [6, 600]], r"input_ids\[1\]\[1\] is 600"),
+        ([[5], []], r"input_ids\[1\] is empty"),
+        ([[5], 6], r"input_ids\[1\] is 6; a batch of input_ids must be a list of lists"),
+    ],
+)
+@pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler", fails_before=True)
+def test_input_ids_rejected(ids, match):
+    _rejects(match, input_ids=ids)
+
+
+@pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler")
+def test_valid_requests_pass():
+    _check(input_ids=[0, 511, True])  # bool is an int: True is token 1
+    _check(input_ids=[[0], [511, 3]], sampling_params=[{"n": 1}, {"top_k": 5}])
+    _check(input_ids=array("q", [1, 2]))
+    _check(input_ids=[5], return_logprob=True, top_logprobs_num=VOCAB, logprob_start_len=-1)
+    _check(input_ids=[5], sampling_params={"stop_token_ids": [1, 511], "logit_bias": {"7": -2.5},
+                                           "temperature": 1, "sampling_seed": -5, "n": 3})
+    _check(text="no ids to check", sampling_params={"max_new_tokens": None, "top_p": None})
+    _check(input_embeds=[[0.1, 0.2]])  # its ids are placeholders: not checked here
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(return_logprob=True, top_logprobs_num=VOCAB + 1), r"top_logprobs_num is 513; it must be in \[0, 512\]"),
+        (dict(return_logprob=True, top_logprobs_num=-1), r"top_logprobs_num is -1"),
+        (dict(return_logprob=True, top_logprobs_num=1.5), r"top_logprobs_num must be an integer"),
+        (dict(return_logprob=True, logprob_start_len=-2), r"logprob_start_len is -2"),
+        (dict(return_logprob=True, token_ids_logprob=[1, 512]), r"token_ids_logprob\[1\] is 512"),
+        (dict(sampling_params={"stop_token_ids": [512]}), r"sampling_params.stop_token_ids\[0\] is 512"),
+        (dict(sampling_params={"stop_token_ids": 5}), r"stop_token_ids must be a list of token ids"),
+        (dict(sampling_params={"logit_bias": {"512": 1}}), r"logit_bias has the key '512', outside"),
+        (dict(sampling_params={"logit_bias": {"x": 1}}), r"logit_bias has the key 'x'"),
+        (dict(sampling_params={"logit_bias": {"5": float("inf")}}), r"biases must be finite numbers"),
+        (dict(sampling_params={"temperature": "hot"}), r"sampling_params.temperature must be a number"),
+        (dict(sampling_params={"top_p": True}), r"sampling_params.top_p must be a number"),
+        (dict(sampling_params={"max_new_tokens": 2.0}), r"max_new_tokens must be an integer"),
+        (dict(sampling_params={"n": 0}), r"sampling_params.n must be at least 1"),
+        (dict(sampling_params={"stream_interval": 0}), r"stream_interval must be at least 1"),
+        (dict(sampling_params={"sampling_seed": 2**63}), r"sampling_seed is 9223372036854775808"),
+        (dict(sampling_params={"bogus": 1}), r"sampling_params has unknown keys \['bogus'\]"),
+        (dict(sampling_params=5), r"sampling_params must be an object"),
+    ],
+)
+@pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler")
+def test_request_fields_rejected(kw, match):
+    _rejects(match, input_ids=[5, 6], **kw)
+
+
+@pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler")
+def test_batch_fields_name_the_item():
+    _rejects(r"sampling_params\[1\].top_k must be an integer",
+             input_ids=[[5], [6]], sampling_params=[{}, {"top_k": 2.5}])
+    _rejects(r"top_logprobs_num\[1\] is 600",
+             input_ids=[[5], [6]], return_logprob=True, top_logprobs_num=[1, 600])
+
+
+@pytest.mark.stack("generic-fixes", step="scheduler-aborts-out-of-vocab-request", fails_before=True)
+def test_scheduler_check():
+    from types import SimpleNamespace as NS
+
+    from sglang.srt.managers.request_validation import check_tokenized_request
+
+    def req(ids, **kw):
+        d = dict(input_ids=array("q", ids), mm_inputs=None, input_embeds=None,
+                 return_logprob=False, top_logprobs_num=0)
+        d.update(kw)
+        return NS(**d)
+
+    assert check_tokenized_request(req([1, 511]), VOCAB) is None
+    assert "token id 512" in check_tokenized_request(req([1, 512]), VOCAB)
+    assert "token id -3" in check_tokenized_request(req([-3, 1]), VOCAB)
+    # multimodal pad values and input_embeds placeholders are not token ids
+    assert check_tokenized_request(req([1, 10**9], mm_inputs=object()), VOCAB) is None
+    assert check_tokenized_request(req([1, 10**9], input_embeds=[[0.0]]), VOCAB) is None
+    assert "top_logprobs_num is 600" in check_tokenized_request(
+        req([1], return_logprob=True, top_logprobs_num=600), VOCAB)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    # Validation is independent of YOCO (the soak test serves with it on).
+    s = ServerProcess(model_dir, [], name="validation")
+    try:
+        yield s.wait_ready()
+    finally:
+        s.stop()
+
+
+def _serves(server):
+    r = server.post("/generate", {"input_ids": [5, 6, 7],
+                                  "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
+    return r.status_code == 200 and len(r.json()["output_ids"]) == 3
+
+
+def test_bad_requests_get_400_and_the_server_keeps_serving(server):
+    assert _serves(server)
+    failures = []
+    for name, path, body, expect in BAD_REQUESTS:
+        r = server.post(path, body, timeout=120)
+        msg = error_message(r)
+        if r.status_code != 400 or expect not in msg:
+            failures.append((name, r.status_code, msg[:300]))
+        if not server.alive() or not _serves(server):
+            pytest.fail(f"the server stopped serving after {name}:\n{server.log_tail()}")
+    assert not failures, failures
+    assert STOCK_CRASHES <= {name for name, *_ in BAD_REQUESTS}
+
+
+def test_streamed_bad_request_gets_400(server):
+    """Patch 0034: checked before the stream's 200 goes out (stock: 200 and an
+    error event)."""
+    body = {"input_ids": [5, VOCAB], "sampling_params": {"max_new_tokens": 2}, "stream": True}
+    r = server.post("/generate", body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "input_ids[1] is 512, outside the vocabulary" in error_message(r)
+    body = {"input_ids": [5, 6], "stream": True,
+            "sampling_params": {"max_new_tokens": 2, "stream_interval": 0}}
+    r = server.post("/generate", body, timeout=60)
+    assert r.status_code == 400 and "stream_interval must be at least 1" in error_message(r)
+    assert _serves(server)
