@@ -11,7 +11,7 @@ one-token extend by itself starts elsewhere and rounds differently).
 import types
 import pytest
 
-from triton_interpret import print_result, run_as_script
+from triton_interpret import print_result, row_invariant_dot, run_as_script
 
 pytestmark = pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch")
 
@@ -34,6 +34,8 @@ def _check():
         ForwardBatch,
         ForwardMode,
     )
+
+    row_invariant_dot()
 
     g = torch.Generator().manual_seed(0)
     k_buf = torch.randn(POOL, KV_HEADS, HEAD_DIM, generator=g)

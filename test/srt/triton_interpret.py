@@ -32,3 +32,28 @@ def print_result(check) -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.exit("run with TRITON_INTERPRET=1")
     print("RESULT " + json.dumps(check()), flush=True)
+
+
+def row_invariant_dot() -> None:
+    """Make the interpreter's tl.dot compute each output row on its own.
+
+    The interpreter runs tl.dot as numpy's matmul, whose BLAS kernel is picked by
+    the block's row count, so on some CPUs a row rounds differently in a 64-row
+    block than alone. A GPU kernel's row does not depend on the other rows of its
+    block; a test of bit-for-bit batch invariance needs that behaviour."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    class RowwiseNumpy:
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def matmul(a, b, *args, **kwargs):
+            if a.ndim != 2 or a.shape[0] == 1:
+                return np.matmul(a, b, *args, **kwargs)
+            return np.concatenate(
+                [np.matmul(a[i : i + 1], b, *args, **kwargs) for i in range(a.shape[0])]
+            )
+
+    interpreter.np = RowwiseNumpy()
