@@ -2,8 +2,9 @@
 Gemma-4 and a tiny assistant drafter on the triton backend under Triton's interpreter,
 no speculation, FROZEN_KV_MTP with stock's verify and with the split-KV verify, one
 engine after the other; its JSON and RESULT lines, and the outputs against HF's greedy
-continuation. About 2.5 minutes on 2 idle CPU cores (three engine starts, the decode and
-verify rounds under the interpreter), more on a loaded machine."""
+continuation. About 2.5 minutes of its 3 minutes of CPU time when it has 2 cores to itself
+(three engine starts, the decode and verify rounds under the interpreter); 5-7 minutes
+beside other jobs."""
 
 import json
 import os
