@@ -131,17 +131,17 @@ def _strides(*names):
     return {n: "i32" for n in names}
 
 
-def _compile_stage1(D, N, G):
+def _compile_stage1(D, N, G, page_size=1):
     from sglang.srt.layers.attention import triton_chain_verify_grouped as m
 
     hpp, block_m, block_n, num_warps = m.launch_config(N, G, D, D)  # what the wrapper launches
     const = dict(N=N, G=G, HEADS_PER_PROG=hpp, WINDOW=0, D=D, DV=D, BLOCK_D=D, BLOCK_DV=D,
-                 BLOCK_M=block_m, BLOCK_N=block_n)
+                 BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size)
     sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "kv_indptr": "*i32", "kv_indices": "*i64",
            "num_kv_splits": "*i32", "Att_Out": "*fp32", "Att_Lse": "*fp32", "sm_scale": "fp32",
            "logit_cap": "fp32",
            **_strides("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
-                      "stride_ot", "stride_oh", "stride_os", "stride_lt", "stride_lh")}
+                      "stride_kp", "stride_vp", "stride_ot", "stride_oh", "stride_os", "stride_lt", "stride_lh")}
     return _ptxas_spills(m._chain_grouped_stage1, sig, const, num_warps, 2)
 
 
@@ -159,10 +159,12 @@ def test_stage2_compiles_for_sm90(has_sink):
     assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
 
 
-@pytest.mark.parametrize("D, N, G", [(512, 4, 8), (512, 8, 8), (256, 4, 4), (256, 4, 2)])
-def test_stage1_compiles_for_sm90_without_spills(D, N, G):
-    """31B full (512, 8 heads a KV head), adaptive 8 draft tokens, E4B / 31B sliding."""
-    spills = _compile_stage1(D, N, G)
+@pytest.mark.parametrize("D, N, G, page_size", [(512, 4, 8, 1), (512, 8, 8, 1), (256, 4, 4, 1), (256, 4, 2, 1),
+                                                (512, 4, 8, 64)])
+def test_stage1_compiles_for_sm90_without_spills(D, N, G, page_size):
+    """31B full (512, 8 heads a KV head), adaptive 8 draft tokens, E4B / 31B sliding;
+    31B full on a page-major KV layout (4-D views, page address math)."""
+    spills = _compile_stage1(D, N, G, page_size)
     assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
 
 

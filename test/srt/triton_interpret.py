@@ -57,3 +57,35 @@ def row_invariant_dot() -> None:
             )
 
     interpreter.np = RowwiseNumpy()
+
+
+def exact_bf16_dot() -> None:
+    """Make the interpreter's tl.dot right for bf16 operands (call before the kernels run).
+
+    Triton's interpreter keeps a bf16 tensor as its raw uint16 bits and its
+    `create_dot` hands those to np.matmul as integers (3.8: a bf16 dot of 16x16
+    N(0, 1) values comes out ~1e10 off, silently). Here bf16 operands widen to fp32
+    first (exact), which is what a GPU's bf16 MMA does before its fp32 accumulate.
+    Other bf16 arithmetic in the interpreter has the same flaw; the kernels these
+    tests run only load, cast and dot bf16 values.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_exact_bf16_dot", False):
+        return
+    create_dot = builder.create_dot
+
+    def widen(t):
+        if t.dtype.scalar == tl.bfloat16:
+            bits = (t.data.astype(np.uint32) << 16).view(np.float32)
+            return interpreter.TensorHandle(bits, tl.float32)
+        return t
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    builder.create_dot = dot
+    builder._exact_bf16_dot = True

@@ -64,6 +64,8 @@ def _chain_grouped_stage1(
     stride_kh,
     stride_vt,
     stride_vh,
+    stride_kp,
+    stride_vp,
     stride_ot,
     stride_oh,
     stride_os,
@@ -79,6 +81,7 @@ def _chain_grouped_stage1(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr = 1,
 ):
     b = tl.program_id(0)
     chunks: tl.constexpr = G // HEADS_PER_PROG
@@ -114,8 +117,14 @@ def _chain_grouped_stage1(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             key_ok = offs_n < s_hi
             loc = tl.load(kv_indices + start + offs_n, mask=key_ok, other=0)
+            if PAGE_SIZE == 1:
+                k_row = loc * stride_kt
+                v_row = loc * stride_vt
+            else:  # a 4-D page-major view: slot `loc` is page loc // PAGE_SIZE, row loc % PAGE_SIZE
+                k_row = (loc // PAGE_SIZE) * stride_kp + (loc % PAGE_SIZE) * stride_kt
+                v_row = (loc // PAGE_SIZE) * stride_vp + (loc % PAGE_SIZE) * stride_vt
             k = tl.load(
-                K + loc[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                K + k_row[:, None] + kv_head * stride_kh + offs_d[None, :],
                 mask=key_ok[:, None] & (offs_d[None, :] < D),
                 other=0.0,
             )
@@ -133,7 +142,7 @@ def _chain_grouped_stage1(
             p = tl.exp(qk - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             v = tl.load(
-                V + loc[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :],
+                V + v_row[:, None] + kv_head * stride_vh + offs_dv[None, :],
                 mask=key_ok[:, None] & (offs_dv[None, :] < DV),
                 other=0.0,
             )
@@ -225,6 +234,24 @@ def launch_config(N: int, G: int, block_d: int, block_dv: int):
     return heads_per_prog, block_m, 32, 8 if wide >= 256 else 4
 
 
+def _kv_page_size(buf) -> int:
+    return buf.shape[1] if buf.ndim == 4 else 1
+
+
+def _kv_strides(buf):
+    """(token stride, KV heads, head stride, page stride) of a KV buffer, as the
+    decode kernel reads it (`_extract_kv_strides`): 3-D [slots, heads, dim], or the
+    page-major pool's 4-D strided view [pages, page_size, heads, dim]
+    (--enable-page-major-kv-layout), whose pages interleave layers, so a slot is
+    page * stride(0) + row * stride(1), not slot * stride. Reading the 4-D view as
+    3-D took page_size for the head count (a wrong kernel or ZeroDivisionError)."""
+    if buf.ndim == 3:
+        return buf.stride(0), buf.shape[1], buf.stride(1), 0
+    if buf.shape[1] == 1:  # one slot a page: the page stride is the slot stride
+        return buf.stride(0), buf.shape[2], buf.stride(2), 0
+    return buf.stride(1), buf.shape[2], buf.stride(2), buf.stride(0)
+
+
 def chain_verify_grouped_fwd(
     q,
     k_buffer,
@@ -244,7 +271,8 @@ def chain_verify_grouped_fwd(
 ):
     """Attention of B x N chain-verify rows, q [B*N, H, D] -> o [B*N, H, Dv].
 
-    kv_indptr [B + 1] / kv_indices: one key list per request (see the module
+    k_buffer / v_buffer: [slots, KV heads, D] or a page-major pool's 4-D view
+    [pages, page_size, KV heads, D]; kv_indptr [B + 1] / kv_indices: one key list per request (see the module
     docstring); window: keys a row sees in a sliding layer (0: all of its prefix);
     num_kv_splits [B]: splits per request, at most max_kv_splits; sinks [H] or None:
     one extra logit per query head in each row's softmax denominator; attn_logits
@@ -253,7 +281,11 @@ def chain_verify_grouped_fwd(
     T, H, D = q.shape
     N = num_draft_tokens
     B = T // N
-    kv_heads, dv = k_buffer.shape[1], v_buffer.shape[-1]
+    (k_tok, kv_heads, k_head, k_page), page_size = _kv_strides(k_buffer), _kv_page_size(
+        k_buffer
+    )
+    v_tok, _, v_head, v_page = _kv_strides(v_buffer)
+    dv = v_buffer.shape[-1]
     G = H // kv_heads
     block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(dv)
     heads_per_prog, block_m, block_n, num_warps = launch_config(N, G, block_d, block_dv)
@@ -270,10 +302,12 @@ def chain_verify_grouped_fwd(
         logit_cap,
         q.stride(0),
         q.stride(1),
-        k_buffer.stride(0),
-        k_buffer.stride(1),
-        v_buffer.stride(0),
-        v_buffer.stride(1),
+        k_tok,
+        k_head,
+        v_tok,
+        v_head,
+        k_page,
+        v_page,
         attn_logits.stride(0),
         attn_logits.stride(1),
         attn_logits.stride(2),
@@ -289,6 +323,7 @@ def chain_verify_grouped_fwd(
         BLOCK_DV=block_dv,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        PAGE_SIZE=page_size,
         num_warps=num_warps,
         num_stages=2,
     )
