@@ -15,7 +15,7 @@ import pytest
 
 from triton_interpret import print_result, run_as_script
 
-pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode")
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-kv-shared-no-gather")
 
 PREFIX = [3, 38, 40, 41, 90]  # cached tokens per request; WINDOW sits among them
 N = 4  # draft tokens verified per request (steps 3, topk 1)
@@ -170,7 +170,8 @@ def _check():
     return out
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode", fails_before=True)
+# Its KV-shared-layer check needs the next step too, so it runs after both.
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-kv-shared-no-gather", fails_before=True)
 def test_chain_verify_attends_like_the_extend_kernel():
     out = run_as_script(__file__)
     assert out["eager_is_decode_shaped"]
