@@ -266,7 +266,7 @@ def test_min_tokens_default_cli_and_exec_features(model):
     from sglang.srt.runtime_context import get_context, get_exec
     from sglang.srt.server_args import ServerArgs
 
-    # unset: chosen at start-up (kv_sharing_fast_prefill_graph.resolve_default_min_tokens)
+    # unset: resolved once at start-up, by the hook
     assert ServerArgs.__dataclass_fields__["kv_sharing_fast_prefill_min_tokens"].default is None
     argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "torch_native"]
     argv += [FLAG, "--kv-sharing-fast-prefill-min-tokens", "0"]
@@ -339,28 +339,85 @@ def test_gemma4_with_kv_shared_layers_accepted(
     assert args.kv_sharing_fast_prefill is True
     lines = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
     assert len(lines) == 1
-    # (With the back-half CUDA graphs, a note on the unset default follows.)
+    # min-tokens unset: resolved once, here, with the reason in the line
+    assert args.kv_sharing_fast_prefill_min_tokens == 4096
     assert lines[0].startswith(
         f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
-        f"of {num_layers}; prefill passes of >= 4096 new tokens run layers "
-        f"{first_shared}-{num_layers - 1} for the last token of each request only"
+        f"of {num_layers}; prefill passes of >= 4096 new tokens (unset: "
     )
+    assert lines[0].endswith(
+        f") run layers {first_shared}-{num_layers - 1} for the last token of each "
+        "request only"
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        server_args(model(variant), kv_sharing_fast_prefill_min_tokens=64)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    assert "passes of >= 64 new tokens (--kv-sharing-fast-prefill-min-tokens)" in line
 
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs", fails_before=True)
-def test_start_up_line_says_an_unset_threshold_may_become_0(model, caplog):
+def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(
+    model, caplog, monkeypatch
+):
+    from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
+    from sglang.srt.runtime_context import get_context, get_exec
+
+    # on this CPU-only machine the back half runs eager: the default stays
     with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        server_args(model("E4B"))
+        args = server_args(model("E4B"))
     (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
-    assert line.endswith(
-        "(min-tokens unset: 0 instead if the back half gets CUDA graphs at start-up "
-        "and no prefill CUDA graph is captured)"
+    assert args.kv_sharing_fast_prefill_min_tokens == 4096
+    assert "(unset: the back half runs eager (device cpu), and smaller" in line
+    # where start-up captures the back half (and no prefill graph runs): 0
+    monkeypatch.setattr(hook, "back_half_graph_skip_reason", lambda server_args: None)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        args = server_args(model("E4B"))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    assert args.kv_sharing_fast_prefill_min_tokens == 0
+    assert "passes of >= 0 new tokens (unset: the back half replays CUDA graphs)" in line
+    with get_context().preserve_config():
+        get_context().set_server_args(args)  # what the model reads
+        assert get_exec().features.kv_sharing_fast_prefill_min_tokens == 0
+    # set explicitly: kept
+    assert server_args(model("E4B"), kv_sharing_fast_prefill_min_tokens=64).kv_sharing_fast_prefill_min_tokens == 64
+
+
+@pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
+def test_when_start_up_captures_the_back_half(monkeypatch):
+    import types
+
+    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
+        back_half_graph_skip_reason,
     )
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        caplog.clear()
-        server_args(model("E4B"), kv_sharing_fast_prefill_min_tokens=64)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
-    assert line.endswith("for the last token of each request only")
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    def args(**over):
+        a = dict(device="cuda", backend="triton", decode=Backend.FULL,
+                 enable_deterministic_inference=False, dcp_size=1)
+        a.update(over)
+        ns = types.SimpleNamespace(
+            device=a["device"],
+            cuda_graph_config=types.SimpleNamespace(decode=types.SimpleNamespace(backend=a["decode"])),
+            enable_deterministic_inference=a["enable_deterministic_inference"],
+            dcp_size=a["dcp_size"],
+        )
+        ns._resolved_attention_backends = lambda: (a["backend"], a["backend"])
+        return ns
+
+    assert back_half_graph_skip_reason(args()) is None
+    assert back_half_graph_skip_reason(args(device="cpu")) == "device cpu"
+    assert back_half_graph_skip_reason(args(decode=Backend.DISABLED)) == "decode CUDA graphs are off"
+    assert "triton only" in back_half_graph_skip_reason(args(backend="trtllm_mha"))
+    assert back_half_graph_skip_reason(args(enable_deterministic_inference=True)) == (
+        "--enable-deterministic-inference"
+    )
+    assert back_half_graph_skip_reason(args(dcp_size=2)) == "decode context parallelism"
+    with envs.SGLANG_KV_SHARING_FAST_PREFILL_GRAPH.override(False):
+        assert back_half_graph_skip_reason(args()) == "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
+
 
 
 @pytest.mark.parametrize("variant, num_layers", [("26B-A4B", 30), ("31B", 60)])

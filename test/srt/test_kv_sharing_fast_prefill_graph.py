@@ -5,8 +5,9 @@ the graph is stood in for by a replay that runs the same captured function over
 the same static buffers, so what is tested is everything around the capture:
 which graph a pass picks, how its rows, per-layer inputs and request geometry are
 staged and padded, that the result equals the eager back half row for row, that
-the graph's private triton backend builds the key lists the eager back half
-attends (W + 1 sliding-window keys), and when start-up captures nothing.
+the graph's own triton backend builds the key lists the eager back half attends
+(W + 1 sliding-window keys), how the model hands its layers to the runner, and
+when start-up captures nothing.
 """
 
 import types
@@ -15,20 +16,19 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_gemma4_yoco import (  # noqa: F401 (_restore_kernels: autouse fixture)
-    FIRST_SHARED,
-    _plan_all,
+from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels,
     _TorchKernel,
     make_batch,
     make_torch_native_backend,
     make_triton_backend,
 )
+from test_gemma4_yoco import FIRST_SHARED, _plan_all
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
-from sglang.srt.layers import kv_sharing_fast_prefill_graph as kg
 from sglang.srt.layers.attention import triton_backend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.runner import kv_shared_back_half_graph_runner as kr
 
 pytestmark = pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
 
@@ -76,13 +76,16 @@ class EagerReplay:
         g.outputs[self.bs].copy_(g._forward(self.bs, g.batches[self.bs]))
 
 
-def make_graphs(backend=None, max_bs=8, layers=None):
+def back_half(layers=None):
     layers = layers or torch.nn.ModuleList(FakeLayer(i) for i in range(END))
-    g = kg.BackHalfCudaGraphs(
-        layers, FIRST_SHARED, END, backend or FakeBackend(), HIDDEN, PLE,
-        torch.float64, "cpu", max_bs,
+    return yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE)
+
+
+def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None):
+    g = kr.KVSharedBackHalfGraphRunner(
+        back_half(layers), backend or FakeBackend(), list(capture_bs), torch.float64, "cpu"
     )
-    for bs in g.buckets:  # what capture() records, without a GPU
+    for bs in g.capture_bs:  # what capture() records, without a GPU
         g.batches[bs] = g._batch(bs)
         g.outputs[bs] = torch.zeros(bs, HIDDEN, dtype=torch.float64)
         g.graphs[bs] = EagerReplay(g, bs)
@@ -98,15 +101,17 @@ def with_ple(plan, ple):
 
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs", fails_before=True)
-def test_buckets():
-    assert kg.bucket_for(kg.BUCKETS, 1) == 1
-    assert kg.bucket_for(kg.BUCKETS, 3) == 4
-    assert kg.bucket_for(kg.BUCKETS, 13) == 16
-    assert kg.bucket_for(kg.BUCKETS, 64) == 64
-    assert kg.bucket_for(kg.BUCKETS, 65) is None
-    g = make_graphs(max_bs=10)
-    assert g.buckets == [1, 2, 4, 8] and g.max_bs == 8
+def test_a_pass_replays_the_smallest_graph_that_holds_its_rows():
+    g = make_graphs(capture_bs=(8, 1, 4, 2))
+    assert g.capture_bs == [1, 2, 4, 8] and g.max_bs == 8
     assert g.can_run(8) and not g.can_run(9)
+    for n, bs in ((1, 1), (3, 4), (5, 8), (8, 8)):
+        fb = make_batch([3] * n)
+        plan = with_ple(_plan_all(fb), torch.zeros(3 * n, END, PLE, dtype=torch.float64))
+        plan.source, plan.graphs = fb, g
+        g.backend.calls.clear()
+        g.replay(plan, torch.zeros(3 * n, HIDDEN, dtype=torch.float64))
+        assert g.backend.calls[-1][0] == bs
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -143,15 +148,16 @@ def test_graph_replay_equals_the_eager_back_half(monkeypatch, reqs):
         assert plan.graphs is None and yoco.run_back_half(layers, plan, END, hidden) is hidden
         return
     if eager.num_reqs > graphs.max_bs:  # more rows than the largest graph: eager
-        assert plan.graphs is None and plan.back_attrs is not None
+        assert plan.graphs is None and plan.back_metadata is not None
         return
     # nothing built before the front half: the graph stages its rows at back-half time
-    assert plan.graphs is graphs and plan.back_attrs is None and plan.batch is None
+    assert plan.graphs is graphs and plan.back_metadata is None and plan.batch is None
     got = yoco.run_back_half(layers, with_ple(plan, ple), END, hidden)
     assert torch.equal(got, want)
 
     # the replay ran the bucket's graph over padded geometry: one-token rows of slot 0
-    n, bs = plan.num_reqs, kg.bucket_for(graphs.buckets, plan.num_reqs)
+    n = plan.num_reqs
+    bs = next(b for b in graphs.capture_bs if b >= n)
     seq = plan.seq_lens_cpu
     assert graphs.backend.calls[-1] == (bs, seq + [1] * (bs - n), sum(seq) + bs - n, False)
     assert graphs.req_pool_indices[n:bs].tolist() == [0] * (bs - n)
@@ -195,24 +201,24 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     fb = make_batch(ext, pre)
     back = yoco.make_back_half_batch(fb, _plan_all(fb))
     eager_be = make_triton_backend(window)
-    want = yoco.build_back_half_metadata(eager_be, back)["forward_metadata"]
+    want = eager_be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)["forward_metadata"]
 
     graph_be = make_triton_backend(window)
     graph_be.req_to_token = eager_be.req_to_token  # the same cache
     graph_be.token_to_kv_pool = eager_be.token_to_kv_pool
     graph_be.max_context_len, graph_be.is_draft_runner = 256, False
     graph_be.skip_prefill, graph_be.num_draft_tokens = False, None
-    kg.make_back_half_backend(types.SimpleNamespace(_get_attention_backend=lambda: graph_be), 8)
+    graph_be.init_cuda_graph_state(8, 8)  # what capture_for does
     assert graph_be.sliding_window_size == window  # the model's radius, unchanged
     graphs = make_graphs(backend=graph_be)
     n = back.batch_size
-    bs = kg.bucket_for(graphs.buckets, n)
+    bs = next(b for b in graphs.capture_bs if b >= n)
     graph_be.init_forward_metadata_out_graph(graphs.batches[bs], in_capture=True)
     plan = _plan_all(fb)
     plan.source, plan.graphs = fb, graphs
     hidden = torch.zeros(sum(ext), HIDDEN, dtype=torch.float64)
     ple = torch.zeros(sum(ext), END, PLE, dtype=torch.float64)
-    yoco.run_back_half(graphs.layers, with_ple(plan, ple), END, hidden)  # stages, fills, replays
+    yoco.run_back_half(graphs.back_half.layers, with_ple(plan, ple), END, hidden)  # stages, replays
     got = graph_be.forward_metadata
 
     for indptr, indices in (("kv_indptr", "kv_indices"), ("window_kv_indptr", "window_kv_indices")):
@@ -222,54 +228,26 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
         assert torch.equal(getattr(got, indices)[:k], getattr(want, indices)[:k]), indices
 
 
-def _runner(**over):
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+def test_the_model_hands_its_kv_shared_layers_to_the_runner():
+    from sglang.srt.models.gemma4_causal import Gemma4TextModel
 
-    be = object.__new__(TritonAttnBackend)
-    be.enable_deterministic, be.dcp_size = False, 1
-    r = types.SimpleNamespace(
-        is_draft_worker=False,
-        device="cuda",
-        server_args=types.SimpleNamespace(disable_cuda_graph=False),
-        attn_backend=be,
+    layers = torch.nn.ModuleList(FakeLayer(i) for i in range(END))
+    text = types.SimpleNamespace(
+        layers=layers,
+        end_layer=END,
+        config=types.SimpleNamespace(hidden_size=HIDDEN),
+        hidden_size_per_layer_input=PLE,
+        fast_prefill_first_shared_layer=FIRST_SHARED,
+        fast_prefill_graphs=None,
     )
-    for k, v in over.items():
-        setattr(r, k, v)
-    return r
-
-
-def test_when_start_up_captures_nothing(monkeypatch):
-    text = object()
-    assert kg.back_half_graph_skip_reason(_runner(), text) is None
-    assert "no model" in kg.back_half_graph_skip_reason(_runner(), None)
-    assert "draft" in kg.back_half_graph_skip_reason(_runner(is_draft_worker=True), text)
-    assert "cpu" in kg.back_half_graph_skip_reason(_runner(device="cpu"), text)
-    off = _runner(server_args=types.SimpleNamespace(disable_cuda_graph=True))
-    assert "--disable-cuda-graph" in kg.back_half_graph_skip_reason(off, text)
-    native = _runner(attn_backend=make_torch_native_backend())
-    assert "triton only" in kg.back_half_graph_skip_reason(native, text)
-    monkeypatch.setenv(kg.GRAPH_ENV, "0")
-    assert kg.GRAPH_ENV in kg.back_half_graph_skip_reason(_runner(), text)
-    monkeypatch.delenv(kg.GRAPH_ENV)
-    det = _runner()
-    det.attn_backend.enable_deterministic = True
-    assert "deterministic" in kg.back_half_graph_skip_reason(det, text)
-
-
-def test_text_model_is_found_only_with_the_flag_on():
-    class Text(torch.nn.Module):
-        def __init__(self, first):
-            super().__init__()
-            self.fast_prefill_first_shared_layer = first
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self, first):
-            super().__init__()
-            self.language_model = Text(first)
-
-    on = Wrapper(24)
-    assert kg.find_fast_prefill_text_model(on) is on.language_model
-    assert kg.find_fast_prefill_text_model(Wrapper(None)) is None
+    handed = []
+    Gemma4TextModel.capture_kv_shared_back_half(text, lambda bh: handed.append(bh) or "graphs")
+    assert handed == [yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE)]
+    assert text.fast_prefill_graphs == "graphs"
+    # flag off: nothing is captured
+    text.fast_prefill_first_shared_layer, text.fast_prefill_graphs = None, None
+    Gemma4TextModel.capture_kv_shared_back_half(text, lambda bh: pytest.fail("captured"))
+    assert text.fast_prefill_graphs is None
 
 
 def test_captured_batch_is_a_decode_step():
@@ -309,7 +287,7 @@ def _fake_cuda_capture(monkeypatch):
     return recorded
 
 
-def test_capture_records_every_bucket_under_the_private_backend(monkeypatch):
+def test_capture_records_every_batch_size_under_its_own_backend(monkeypatch):
     from sglang.srt.model_executor import forward_context
 
     recorded = _fake_cuda_capture(monkeypatch)
@@ -323,104 +301,74 @@ def test_capture_records_every_bucket_under_the_private_backend(monkeypatch):
             return super().forward(positions, hidden_states, per_layer_input, forward_batch)
 
     layers = torch.nn.ModuleList(BackendCheck(i) for i in range(END))
-    g = kg.BackHalfCudaGraphs(
-        layers, FIRST_SHARED, END, backend, HIDDEN, PLE, torch.float64, "cpu", 8
+    g = kr.KVSharedBackHalfGraphRunner(
+        back_half(layers), backend, [1, 2, 4, 8], torch.float64, "cpu"
     )
     g.capture()
-    assert sorted(g.graphs) == sorted(g.batches) == g.buckets == [1, 2, 4, 8]
-    # metadata from the graph buffers, largest bucket first, before each capture
+    assert sorted(g.graphs) == sorted(g.batches) == g.capture_bs == [1, 2, 4, 8]
+    # metadata from the graph buffers, largest first, before each capture
     assert [(c[0], c[3]) for c in backend.calls] == [(8, True), (4, True), (2, True), (1, True)]
     # two warm-ups and the capture, each through every KV-shared layer, all with
-    # the private backend as the forward's attention backend
+    # the runner's backend as the forward's attention backend
     assert len(seen) == 4 * 3 * (END - FIRST_SHARED) and all(seen)
     assert recorded == [("pool", "capture-stream")] * 4
-    assert all(g.outputs[bs].shape == (bs, HIDDEN) for bs in g.buckets)
+    assert all(g.outputs[bs].shape == (bs, HIDDEN) for bs in g.capture_bs)
 
 
-def _start_up_runner(window, pool_size, min_tokens=None, prefill_graph=None):
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-    class Text(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList(FakeLayer(i) for i in range(END))
-            self.fast_prefill_first_shared_layer, self.end_layer = FIRST_SHARED, END
-            self.config = types.SimpleNamespace(hidden_size=HIDDEN, hidden_size_per_layer_input=PLE)
-            self.fast_prefill_graphs = None
-            self.fast_prefill_min_tokens = min_tokens
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.language_model = Text()
-
-    main = object.__new__(TritonAttnBackend)
-    new = make_triton_backend(window)
-    new.max_context_len, new.is_draft_runner = 256, False
-    new.skip_prefill, new.num_draft_tokens = False, None
+def _model_runner(decode_bs, draft=False):
     return types.SimpleNamespace(
-        model=Wrapper(),
-        attn_backend=main,
-        _get_attention_backend=lambda: new,
-        req_to_token_pool=types.SimpleNamespace(size=pool_size),
-        prefill_cuda_graph_runner=prefill_graph,
+        server_args=types.SimpleNamespace(enable_cudagraph_gc=False),
+        is_draft_worker=draft,
         dtype=torch.float64,
         device="cpu",
-    ), new
+        decode_bs=decode_bs,
+    )
 
 
-def test_start_up_captures_and_attaches_the_graphs(monkeypatch):
+def _start_up(monkeypatch, window=15, skip=None):
+    """capture_for's collaborators: the hook's decision, the decode graphs'
+    batch sizes and a new triton backend (a CPU stand-in)."""
+    from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
+
     triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
     _fake_cuda_capture(monkeypatch)
-    monkeypatch.setattr(kg, "back_half_graph_skip_reason", lambda runner, text: None)
-    runner, backend = _start_up_runner(window=15, pool_size=6)
-    graphs = kg.capture_back_half_graphs(runner)
-    text = runner.model.language_model
-    assert text.fast_prefill_graphs is graphs
-    assert graphs.backend is backend and backend.sliding_window_size == 15  # the radius W
-    assert graphs.buckets == [1, 2, 4]  # no more rows than request slots
-    assert (graphs.first, graphs.end) == (FIRST_SHARED, END)
-    assert graphs.ple.shape == (4, END - FIRST_SHARED, PLE)
+    monkeypatch.setattr(hook, "back_half_graph_skip_reason", lambda server_args: skip)
+    monkeypatch.setattr(kr, "get_batch_sizes_to_capture", lambda mr: (mr.decode_bs, []))
+    made, be = [], make_triton_backend(window, max_bs=64)
+    be.max_context_len, be.is_draft_runner = 256, False
+    be.skip_prefill, be.num_draft_tokens = False, None
+
+    def new_backend(model_runner):
+        made.append(be)
+        return be
+
+    monkeypatch.setattr(triton_backend, "TritonAttnBackend", new_backend)
+    return made
 
 
-def test_start_up_captures_nothing_when_the_new_backend_differs(monkeypatch):
-    _fake_cuda_capture(monkeypatch)
-    monkeypatch.setattr(kg, "back_half_graph_skip_reason", lambda runner, text: None)
-    runner, _ = _start_up_runner(window=15, pool_size=6)
-    runner.attn_backend = make_torch_native_backend()
-    assert kg.capture_back_half_graphs(runner) is None
-    assert runner.model.language_model.fast_prefill_graphs is None
-
-
-def _eager_runner():
-    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
-
-    return object.__new__(EagerRunner)
+def test_start_up_captures_at_the_decode_batch_sizes_up_to_the_cap(monkeypatch, caplog):
+    made = _start_up(monkeypatch)
+    with caplog.at_level("INFO", logger=kr.__name__):
+        g = kr.KVSharedBackHalfGraphRunner.capture_for(
+            _model_runner([1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128]), back_half()
+        )
+    assert g.capture_bs == [1, 2, 4, 8, 16, 24, 32, 48, 64] and kr.MAX_BS == 64
+    assert g.backend is made[0] and made[0].sliding_window_size == 15  # the radius W
+    assert g.ple.shape == (64, END - FIRST_SHARED, PLE)
+    assert "captured for batch sizes [1, 2, 4, 8, 16, 24, 32, 48, 64]" in caplog.text
 
 
 @pytest.mark.parametrize(
-    "configured, prefill_graph, captured, want",
+    "skip, decode_bs, draft, why",
     [
-        (None, None, True, 0),  # unset, no prefill graph: every pass (step back-half-cuda-graphs)
-        # what 0.5.17 leaves there when the prefill graph is disabled (the multimodal
-        # layout's default, or --disable-prefill-cuda-graph): no graph either
-        (None, "eager-runner", True, 0),
-        (None, "prefill-graph", True, None),  # the graph replays passes < 4096
-        (4096, None, True, 4096),  # set explicitly: kept
-        (0, "prefill-graph", True, 0),
-        (None, None, False, None),  # back half eager: the 4096 default stays
+        ("--enable-deterministic-inference", [1, 2], False, "--enable-deterministic-inference"),
+        (None, [1, 2], True, "draft worker"),
+        (None, [80, 96], False, "no decode graph batch size up to 64"),
     ],
 )
-def test_unset_min_tokens_becomes_0_with_graphs_and_no_prefill_graph(
-    monkeypatch, configured, prefill_graph, captured, want
-):
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
-    _fake_cuda_capture(monkeypatch)
-    skip = None if captured else "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
-    monkeypatch.setattr(kg, "back_half_graph_skip_reason", lambda runner, text: skip)
-    if prefill_graph == "eager-runner":
-        prefill_graph = _eager_runner()
-    runner, _ = _start_up_runner(15, 6, min_tokens=configured, prefill_graph=prefill_graph)
-    graphs = kg.capture_back_half_graphs(runner)
-    assert (graphs is not None) == captured
-    assert runner.model.language_model.fast_prefill_min_tokens == want
+def test_start_up_captures_nothing(monkeypatch, caplog, skip, decode_bs, draft, why):
+    made = _start_up(monkeypatch, skip=skip)
+    with caplog.at_level("INFO", logger=kr.__name__):
+        g = kr.KVSharedBackHalfGraphRunner.capture_for(_model_runner(decode_bs, draft), back_half())
+    assert g is None and made == []
+    assert f"back half runs eager ({why})" in caplog.text

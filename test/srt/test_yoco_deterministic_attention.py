@@ -57,6 +57,7 @@ def _check():
     be.dcp_size, be.page_size, be.device = 1, 1, "cpu"
     be.chain_verify = None  # __init__ sets it (split-KV verify off)
     be._translate_kv_loc = None
+    be._back_half_index_buffers = None  # as __init__ leaves it
     be.enable_deterministic = True
     be.extend_attention_fwd_unified = extend_attention_fwd_unified
     be.build_unified_kv_indices = build_unified_kv_indices
@@ -103,7 +104,7 @@ def _check():
     yoco.get_attn_backend = lambda: be
     plan = yoco.plan_fast_prefill(fb, first_shared_layer=1)
     rows = plan.token_index
-    with yoco.back_half_attention(be, plan.back_attrs):
+    with be.use_back_half_metadata(plan.back_metadata):
         for w, name in ((WINDOW, "sliding"), (-1, "full")):
             back = attend(plan.batch, rows, w)
             out[name] = [torch.equal(back[i], full[w][r]) for i, r in enumerate(rows)]

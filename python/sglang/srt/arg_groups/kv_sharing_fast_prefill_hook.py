@@ -261,8 +261,55 @@ def _handle_prefill_cuda_graph(server_args: ServerArgs, min_tokens: int) -> None
     server_args.cuda_graph_config.prefill.backend = Backend.DISABLED
 
 
+def back_half_graph_skip_reason(server_args: ServerArgs) -> Optional[str]:
+    """None when start-up captures the back half in CUDA graphs
+    (KVSharedBackHalfGraphRunner), else why it runs eager. Decided here, once,
+    because the min-tokens default depends on it."""
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    if not envs.SGLANG_KV_SHARING_FAST_PREFILL_GRAPH.get():
+        return "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
+    if server_args.device != "cuda":
+        return f"device {server_args.device}"
+    if server_args.cuda_graph_config.decode.backend == Backend.DISABLED:
+        return "decode CUDA graphs are off"
+    backend, _ = server_args._resolved_attention_backends()
+    if backend != "triton":
+        return f"attention backend {backend} (triton only)"
+    if server_args.enable_deterministic_inference:
+        # The back half is extend-shaped there (rounds exactly as the pass).
+        return "--enable-deterministic-inference"
+    if (server_args.dcp_size or 1) > 1:
+        return "decode context parallelism"
+    return None
+
+
+def _resolve_min_tokens(server_args: ServerArgs, min_tokens: Optional[int]):
+    """(--kv-sharing-fast-prefill-min-tokens, why), resolved once: every later
+    reader reads the number. Caps or turns off the prefill CUDA graph to match."""
+    if min_tokens is not None:
+        _handle_prefill_cuda_graph(server_args, min_tokens)
+        return min_tokens, "--kv-sharing-fast-prefill-min-tokens"
+    if _cap_breakable_prefill_graph(server_args, DEFAULT_MIN_TOKENS):
+        return (
+            DEFAULT_MIN_TOKENS,
+            "unset: the prefill CUDA graph replays smaller passes",
+        )
+    _handle_prefill_cuda_graph(server_args, DEFAULT_MIN_TOKENS)
+    reason = back_half_graph_skip_reason(server_args)
+    if reason is None:
+        # With the launches captured, short passes gain too.
+        return 0, "unset: the back half replays CUDA graphs"
+    return DEFAULT_MIN_TOKENS, (
+        f"unset: the back half runs eager ({reason}), and smaller passes are "
+        "bound by its kernel launches"
+    )
+
+
 def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
-    """Validate --kv-sharing-fast-prefill; may cap or turn off the prefill graph."""
+    """Validate --kv-sharing-fast-prefill and resolve its min-tokens; may cap or
+    turn off the prefill graph."""
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(server_args)
@@ -280,24 +327,19 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     _check_speculative(view.speculative_algorithm)
     _check_attention_backends(server_args)
     _check_unsupported_features(server_args, view)
-    # Unset: the prefill graph keeps the passes below the default; with no
-    # prefill graph, start-up lowers it to 0 once the back half is captured.
-    threshold = DEFAULT_MIN_TOKENS if min_tokens is None else min_tokens
-    _handle_prefill_cuda_graph(server_args, threshold)
+    configured = min_tokens
+    min_tokens, why = _resolve_min_tokens(server_args, min_tokens)
+    if min_tokens != configured:
+        server_args.kv_sharing_fast_prefill_min_tokens = min_tokens
 
     logger.info(
         "KV-sharing fast prefill (YOCO) on: first KV-shared layer %d of %d; "
-        "prefill passes of >= %d new tokens run layers %d-%d for the last token "
-        "of each request only%s",
+        "prefill passes of >= %d new tokens (%s) run layers %d-%d for the last "
+        "token of each request only",
         first_shared,
         num_layers,
-        threshold,
+        min_tokens,
+        why,
         first_shared,
         num_layers - 1,
-        (
-            " (min-tokens unset: 0 instead if the back half gets CUDA graphs at "
-            "start-up and no prefill CUDA graph is captured)"
-            if min_tokens is None
-            else ""
-        ),
     )

@@ -8,21 +8,17 @@ nothing else is cached). So the back half runs on one token per request:
   1. ``plan_fast_prefill`` decides per forward pass whether that is safe and
      useful, and picks the rows (last token of each request whose prefill ends
      in this pass; an unfinished chunk needs no back-half output at all).
-  2. ``make_back_half_batch`` / ``build_back_half_metadata`` shape the back half
-     as one decode step per request (its query attends over the whole sequence,
-     which the front half already cached) and build that metadata with the
-     backend's own init_forward_metadata, into private twins of its persistent
-     index buffers, before the front half is launched. ``back_half_attention``
-     swaps it in for the KV-shared layers only; the pass's own metadata and
-     buffers are never written, so they are intact afterwards.
-     Under --enable-deterministic-inference (triton) the back half is shaped as
-     an extend of one token per request instead, with the full pass's key
-     layout, so it rounds exactly as the full pass does (see
-     ``_extend_shaped_back_half``).
+  2. ``make_back_half_batch`` shapes the back half as one decode step per
+     request (its query attends over the whole sequence, which the front half
+     already cached), or as an extend of that one token where the backend's
+     ``back_half_is_extend()`` says its decode kernel would round differently.
+     The backend builds that metadata (``init_back_half_metadata``) before the
+     front half is launched and makes it current for the KV-shared layers only
+     (``use_back_half_metadata``); the pass's own metadata is left intact.
      Where the model captured its back half at start-up (triton with CUDA
-     graphs, ``kv_sharing_fast_prefill_graph``), the decode-shaped step
-     replays that graph instead; its rows and metadata (in the graph's own
-     backend) are staged when the back half starts, not before layer 0.
+     graphs, ``KVSharedBackHalfGraphRunner``), the decode-shaped step replays
+     that graph instead; its rows and metadata (in the graph's own backend)
+     are staged when the back half starts, not before layer 0.
   3. The model scatters the rows back, so the final norm, LogitsProcessor and
      LAST hidden capture see exactly what the full computation produces there.
 
@@ -38,12 +34,10 @@ from __future__ import annotations
 
 import copy
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
-from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import DEFAULT_MIN_TOKENS
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import get_attn_backend
 
@@ -51,21 +45,6 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 logger = logging.getLogger(__name__)
-
-# Persistent per-backend index buffers that init_forward_metadata writes in place
-# (a reference to the old ForwardMetadata would not protect them): triton's.
-# trtllm_mha needs none: outside CUDA graphs its init_forward_metadata fills
-# only tensors it allocates in that call (cache_seqlens, cu_seqlens, page
-# tables, swa_out_cache_loc) and writes none of its persistent buffers (the
-# CUDA-graph ones, the kv_indptr/qo_indptr lists it inherits from FlashInfer).
-_PERSISTENT_BUFFERS = (
-    "kv_indptr",
-    "qo_indptr",
-    "window_kv_indptr",
-    "mask_indptr",
-)
-# Per-forward attributes some backends set next to forward_metadata.
-_PER_FORWARD_ATTRS = ("forward_metadata", "swa_out_cache_loc")
 
 
 def first_kv_shared_layer(config) -> Optional[int]:
@@ -93,9 +72,9 @@ class FastPrefillPlan:
     # The back-half batch (decode- or extend-shaped) and its attention
     # metadata, built before the front half is launched (eager back half).
     batch: Optional[ForwardBatch] = None
-    back_attrs: Optional[dict] = None
-    # Captured back half (kv_sharing_fast_prefill_graph) that runs these rows,
-    # or None: eager, with back_attrs.
+    back_metadata: Optional[dict] = None
+    # The model's captured back half (KVSharedBackHalfGraphRunner) that runs
+    # these rows, or None: eager, with back_metadata.
     graphs: Optional[object] = None
     # The pass's batch, from which the graphs stage their rows at back-half time.
     source: Optional[ForwardBatch] = None
@@ -109,13 +88,10 @@ def fast_prefill_skip_reason(
     first_shared_layer: Optional[int],
     layers_to_capture: Sequence[int] = (),
     pp_size: int = 1,
-    min_tokens: Optional[int] = 0,
+    min_tokens: int = 0,
 ) -> Optional[str]:
     """None when YOCO may run this pass, else why the full computation is needed
-    (or, below ``min_tokens`` new tokens, why it would not pay; None means
-    DEFAULT_MIN_TOKENS)."""
-    if min_tokens is None:
-        min_tokens = DEFAULT_MIN_TOKENS
+    (or, below ``min_tokens`` new tokens, why it would not pay)."""
     if first_shared_layer is None:
         return "model has no KV-shared layers"
     # Exactly EXTEND: DECODE/MIXED/TARGET_VERIFY/DRAFT_EXTEND/SPLIT_PREFILL/IDLE/
@@ -195,7 +171,7 @@ def plan_fast_prefill(
     first_shared_layer: Optional[int],
     layers_to_capture: Sequence[int] = (),
     pp_size: int = 1,
-    min_tokens: Optional[int] = 0,
+    min_tokens: int = 0,
     graphs=None,
 ) -> Optional[FastPrefillPlan]:
     """The back-half plan for this pass, or None to run every layer on every token.
@@ -235,26 +211,12 @@ def plan_fast_prefill(
             plan.graphs, plan.source = graphs, forward_batch
             return plan
         plan.batch = make_back_half_batch(
-            forward_batch, plan, extend_shaped=_extend_shaped_back_half(backend)
+            forward_batch, plan, extend_shaped=backend.back_half_is_extend()
         )
-        plan.back_attrs = build_back_half_metadata(
-            backend, plan.batch, plan.prefix_lens_cpu
+        plan.back_metadata = backend.init_back_half_metadata(
+            plan.batch, plan.prefix_lens_cpu
         )
     return plan
-
-
-def _extend_shaped_back_half(backend) -> bool:
-    """Deterministic inference makes prefill batch-invariant: GEMMs whose rows do
-    not depend on the row count, and triton's unified 1-stage extend kernel,
-    which walks each query's keys in fixed blocks from the start of its key
-    list. The back half reproduces the full pass bit for bit there only if it
-    runs that same kernel over the same key list; a decode step (split-KV
-    kernel) would round differently."""
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-    return isinstance(backend, TritonAttnBackend) and bool(
-        getattr(backend, "enable_deterministic", False)
-    )
 
 
 def make_back_half_batch(
@@ -301,95 +263,6 @@ def make_back_half_batch(
     return fb
 
 
-def _set_back_half_window(backend, fb: ForwardBatch, full_prefix_lens_cpu) -> None:
-    """Rebuild the sliding layers' key window of an extend-shaped back half.
-
-    Extend-shaped: the cached keys before the token, starting where the full
-    pass's key list started (prefix - min(prefix, W)), so the unified kernel
-    blocks them exactly as in the full pass. Decode-shaped needs nothing: triton's
-    decode metadata keeps the last W + 1 keys, the window of the full pass's
-    extend kernel (q - k <= W, W = sliding_window - 1).
-
-    trtllm_mha needs nothing here: its metadata carries no window; its prefill
-    and decode kernels both get window_left = W and keep keys k >= p - W for
-    the query at position p (W + 1 keys), so decode equals the extend pass."""
-    from sglang.srt.layers.attention import triton_backend
-
-    window = getattr(backend, "sliding_window_size", None)
-    if not isinstance(backend, triton_backend.TritonAttnBackend):
-        return
-    if not window or window <= 0 or fb.forward_mode.is_decode():
-        return
-    ends = [s - 1 for s in fb.seq_lens_cpu.tolist()]
-    starts = [p - min(p, window) for p in full_prefix_lens_cpu]
-    lens_cpu = [e - b for b, e in zip(starts, ends)]
-    device = fb.seq_lens.device
-    lens = torch.tensor(lens_cpu, dtype=torch.int32).to(device, non_blocking=True)
-    start = torch.tensor(starts, dtype=torch.int64).to(device, non_blocking=True)
-    bs = fb.batch_size
-    indptr = backend.window_kv_indptr  # the scratch twin while building
-    indptr[1 : bs + 1] = torch.cumsum(lens, dim=0)
-    indptr = indptr[: bs + 1]
-    indices = torch.empty(sum(lens_cpu), dtype=torch.int64, device=device)
-    triton_backend.create_flashinfer_kv_indices_triton[(bs,)](
-        backend.req_to_token,
-        fb.req_pool_indices,
-        lens,
-        indptr,
-        start,
-        indices,
-        backend.req_to_token.stride(0),
-    )
-    pool = backend.token_to_kv_pool
-    if hasattr(pool, "translate_loc_from_full_to_swa"):
-        indices = pool.translate_loc_from_full_to_swa(indices)
-    meta = backend.forward_metadata
-    meta.window_kv_indptr, meta.window_kv_indices = indptr, indices
-    if meta.window_kv_offsets is not None:
-        meta.window_kv_offsets = start
-
-
-def _scratch_buffers(backend) -> dict:
-    """Private twins of the backend's persistent index buffers (made once), so
-    building the back-half metadata never writes the ones the pass is using."""
-    scratch = getattr(backend, "_kv_sharing_fast_prefill_scratch", None)
-    if scratch is None:
-        scratch = {
-            # zeros: the backends never write element 0 of an indptr buffer.
-            name: torch.zeros_like(buf)
-            for name in _PERSISTENT_BUFFERS
-            if isinstance(buf := getattr(backend, name, None), torch.Tensor)
-        }
-        backend._kv_sharing_fast_prefill_scratch = scratch
-    return scratch
-
-
-def build_back_half_metadata(
-    backend, fb: ForwardBatch, full_prefix_lens_cpu: Optional[Sequence[int]] = None
-) -> dict:
-    """Run the backend's own init_forward_metadata for the back-half batch into
-    scratch buffers; return the per-forward attributes it produced. The
-    backend is left exactly as it was (buffers untouched, attributes restored).
-    ``full_prefix_lens_cpu``: the pass's cached prefix per kept request (needed
-    for an extend-shaped back half)."""
-    scratch = _scratch_buffers(backend)
-    originals = {name: getattr(backend, name) for name in scratch}
-    saved = {n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)}
-    try:
-        for name, buf in scratch.items():
-            setattr(backend, name, buf)
-        backend.init_forward_metadata(fb)
-        _set_back_half_window(backend, fb, full_prefix_lens_cpu)
-        return {
-            n: getattr(backend, n) for n in _PER_FORWARD_ATTRS if hasattr(backend, n)
-        }
-    finally:
-        for name, buf in originals.items():
-            setattr(backend, name, buf)
-        for name, value in saved.items():
-            setattr(backend, name, value)
-
-
 def per_layer_inputs_for_plan(
     plan: FastPrefillPlan,
     projection: torch.Tensor,
@@ -424,17 +297,52 @@ def per_layer_inputs_for_plan(
     return front
 
 
-@contextmanager
-def back_half_attention(backend, back_attrs: dict) -> Iterator[None]:
-    """Swap the back-half metadata in for the KV-shared layers; restore on exit."""
-    saved = {n: getattr(backend, n) for n in back_attrs}
-    try:
-        for name, value in back_attrs.items():
-            setattr(backend, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(backend, name, value)
+def run_layers(
+    layers,
+    first_layer: int,
+    end_layer: int,
+    forward_batch: ForwardBatch,
+    hidden_states: torch.Tensor,
+    per_layer_inputs: Optional[torch.Tensor],
+    **kwargs,
+) -> torch.Tensor:
+    """Layers [first_layer, end_layer) on these rows, as the back half runs them
+    (``per_layer_inputs``: [rows, those layers, dim], or None)."""
+    h = hidden_states
+    for layer_idx in range(first_layer, end_layer):
+        h, _ = layers[layer_idx](
+            positions=forward_batch.positions,
+            hidden_states=h,
+            per_layer_input=(
+                per_layer_inputs[:, layer_idx - first_layer, :]
+                if per_layer_inputs is not None
+                else None
+            ),
+            forward_batch=forward_batch,
+            **kwargs,
+        )
+    return h
+
+
+@dataclass
+class KVSharedBackHalf:
+    """A model's KV-shared layers, as its back-half CUDA graphs capture them."""
+
+    layers: Sequence[torch.nn.Module]
+    first_layer: int
+    end_layer: int
+    hidden_size: int
+    per_layer_input_dim: int  # 0: the layers take no per-layer input
+
+    def forward(self, forward_batch, hidden_states, per_layer_inputs):
+        return run_layers(
+            self.layers,
+            self.first_layer,
+            self.end_layer,
+            forward_batch,
+            hidden_states,
+            per_layer_inputs,
+        )
 
 
 def run_back_half(
@@ -453,24 +361,22 @@ def run_back_half(
     rows = plan.token_index
     if plan.graphs is not None:
         if not kwargs:
-            h = plan.graphs.run(plan, hidden_states)
+            h = plan.graphs.replay(plan, hidden_states)
             return hidden_states.index_copy(0, rows, h)
         # The graphs were captured without these layer arguments: run eager.
+        backend = get_attn_backend()
         plan.batch = make_back_half_batch(plan.source, plan)
-        plan.back_attrs = build_back_half_metadata(
-            get_attn_backend(), plan.batch, plan.prefix_lens_cpu
+        plan.back_metadata = backend.init_back_half_metadata(
+            plan.batch, plan.prefix_lens_cpu
         )
-    h = hidden_states.index_select(0, rows)
-    ple, first = plan.back_per_layer_inputs, plan.first_shared_layer
-    with back_half_attention(get_attn_backend(), plan.back_attrs):
-        for layer_idx in range(first, end_layer):
-            h, _ = layers[layer_idx](
-                positions=plan.batch.positions,
-                hidden_states=h,
-                per_layer_input=(
-                    ple[:, layer_idx - first, :] if ple is not None else None
-                ),
-                forward_batch=plan.batch,
-                **kwargs,
-            )
+    with get_attn_backend().use_back_half_metadata(plan.back_metadata):
+        h = run_layers(
+            layers,
+            plan.first_shared_layer,
+            end_layer,
+            plan.batch,
+            hidden_states.index_select(0, rows),
+            plan.back_per_layer_inputs,
+            **kwargs,
+        )
     return hidden_states.index_copy(0, rows, h)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.environ import envs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_utils import (
@@ -32,7 +33,6 @@ from sglang.srt.speculative.spec_utils import (
     SIMULATE_ACC_TOKEN_MODE,
     _sample_simulated_acc_len,
 )
-from sglang.srt.utils import get_bool_env_var
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def one_node_greedy_verify_tail(worker) -> Optional["OneNodeGreedyVerifyTail"]:
     a tree draft (topk > 1 compacts the accepted path) or mamba state committed
     per accepted step. (A KV cache that clears unaccepted draft states is
     checked at the first round: the pool does not exist yet at worker init.)"""
-    if not get_bool_env_var("SGLANG_ONE_NODE_GREEDY_VERIFY", "true"):
+    if not envs.SGLANG_ONE_NODE_GREEDY_VERIFY.get():
         return None
     if worker.topk != 1:
         return None

@@ -28,9 +28,9 @@ CUDA-graph capture (start-up) with an error naming that variable.
 
 import dataclasses
 import logging
-import os
 
 import torch
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention.triton_chain_verify_grouped import (
     chain_verify_grouped_fwd,
 )
@@ -43,7 +43,7 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 def chain_verify_grouped(backend) -> bool:
     """Grouped unless SGLANG_CHAIN_VERIFY_GROUPED=0 or the KV cache is fp8."""
-    if os.environ.get(GROUPED_ENV, "1") == "0":
+    if not envs.SGLANG_CHAIN_VERIFY_GROUPED.get():
         return False
     return getattr(backend.token_to_kv_pool, "dtype", None) not in _FP8
 

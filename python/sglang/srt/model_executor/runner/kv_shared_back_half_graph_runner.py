@@ -1,0 +1,202 @@
+"""CUDA graphs for the KV-shared back half of --kv-sharing-fast-prefill (YOCO).
+
+The back half runs a model's KV-shared layers (20 on Gemma-4 E2B, 18 on E4B)
+on one row per request whose prefill ends in the pass: a handful of rows and
+about 25 small kernels per layer. Eager, its launches cost more than its
+arithmetic, and on passes of up to about 8k tokens the front half's GPU work is
+too short to hide them. So, as decode does, the back half is captured once per
+batch size at start-up and replayed.
+
+A graph runs the step the eager back half runs
+(``kv_sharing_fast_prefill.make_back_half_batch``): one query per request over
+its whole cached sequence, no KV write. It reads its metadata from a triton
+backend of its own with its own CUDA-graph buffers, so neither the pass's
+metadata nor the decode graphs' buffers are written; its decode metadata keeps
+the W + 1 sliding-window keys that the pass's extend kernel lets the token
+attend.
+
+The model owns the layers and the runner it replays (``capture_for`` is handed
+to the model, which hands over its ``KVSharedBackHalf``). This is not a
+``BaseCudaGraphRunner``: that base drives a whole model forward over its input
+buffers, this a slice of layers over hidden-state rows; it reuses the base's
+helpers (bucket padding, GC freezing, ``graph_capture``). Its graph pool is its
+own, not the global one of ``FullCudaGraphBackend``: it replays inside a
+prefill forward, where a decode graph's output in that pool may still be
+waiting to be read.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
+    BaseCudaGraphRunner,
+    freeze_gc,
+    get_batch_sizes_to_capture,
+)
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.kv_sharing_fast_prefill import (
+        FastPrefillPlan,
+        KVSharedBackHalf,
+    )
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+# Largest number of finishing requests per prefill pass that replays a graph (a
+# pass with more runs the back half eager). Each batch size of the graph
+# backend's buffers costs an index row of the whole context length.
+MAX_BS = 64
+
+
+class KVSharedBackHalfGraphRunner:
+    """A model's KV-shared back half, captured at the decode graphs' batch sizes
+    up to MAX_BS."""
+
+    def __init__(
+        self,
+        back_half: KVSharedBackHalf,
+        backend,
+        capture_bs: List[int],
+        dtype: torch.dtype,
+        device,
+    ):
+        self.back_half = back_half
+        self.first, self.end = back_half.first_layer, back_half.end_layer
+        self.capture_bs = sorted(capture_bs)
+        self.max_bs = self.capture_bs[-1]
+        self.backend = backend
+        n, dev = self.max_bs, device
+        self.hidden = torch.zeros(n, back_half.hidden_size, dtype=dtype, device=dev)
+        dim = back_half.per_layer_input_dim
+        self.ple = (
+            torch.zeros(n, self.end - self.first, dim, dtype=dtype, device=dev)
+            if dim
+            else None
+        )
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, **i64)
+        self.req_pool_indices = torch.zeros(n, **i64)
+        self.seq_len_fill = backend.get_cuda_graph_seq_len_fill_value()
+        self.seq_lens = torch.full((n,), self.seq_len_fill, **i64)
+        self.out_cache_loc = torch.zeros(n, **i64)
+        self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: Dict[int, torch.Tensor] = {}
+        self.batches: Dict[int, ForwardBatch] = {}
+
+    @classmethod
+    def capture_for(
+        cls, model_runner: ModelRunner, back_half: KVSharedBackHalf
+    ) -> Optional[KVSharedBackHalfGraphRunner]:
+        """The captured back half, or None where it runs eager (logged); the
+        start-up decision is the server-arg hook's, which set min-tokens by it."""
+        from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
+            back_half_graph_skip_reason,
+        )
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        reason = back_half_graph_skip_reason(model_runner.server_args)
+        if reason is None and model_runner.is_draft_worker:
+            reason = "draft worker"
+        if reason is not None:
+            logger.info("KV-sharing fast prefill: back half runs eager (%s)", reason)
+            return None
+        capture_bs = [
+            bs for bs in get_batch_sizes_to_capture(model_runner)[0] if bs <= MAX_BS
+        ]
+        if not capture_bs:
+            logger.info(
+                "KV-sharing fast prefill: back half runs eager (no decode graph "
+                "batch size up to %d)",
+                MAX_BS,
+            )
+            return None
+        backend = TritonAttnBackend(model_runner)
+        backend.init_cuda_graph_state(max(capture_bs), max(capture_bs))
+        runner = cls(
+            back_half, backend, capture_bs, model_runner.dtype, model_runner.device
+        )
+        runner.capture(model_runner.server_args.enable_cudagraph_gc)
+        logger.info(
+            "KV-sharing fast prefill: back half (layers %d-%d) captured for batch "
+            "sizes %s",
+            runner.first,
+            runner.end - 1,
+            runner.capture_bs,
+        )
+        return runner
+
+    def _batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=bs,
+            input_ids=self.positions[:bs],  # never read: the rows are hidden states
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            seq_lens_sum=bs * self.seq_len_fill,
+            seq_lens_cpu=torch.full((bs,), self.seq_len_fill, dtype=torch.int64),
+            positions=self.positions[:bs],
+        )
+
+    def _forward(self, bs: int, fb: ForwardBatch) -> torch.Tensor:
+        ple = self.ple[:bs] if self.ple is not None else None
+        return self.back_half.forward(fb, self.hidden[:bs], ple)
+
+    def capture(self, enable_cudagraph_gc: bool = False) -> None:
+        from sglang.srt.distributed.parallel_state import graph_capture
+
+        # A pool of its own (a few MB): see the module docstring.
+        pool = torch.cuda.graph_pool_handle()
+        ctx = ForwardContext(attn_backend=self.backend)
+        with torch.no_grad(), freeze_gc(enable_cudagraph_gc), graph_capture() as gc:
+            with forward_context(ctx):
+                # Large first: the small ones reuse its memory.
+                for bs in reversed(self.capture_bs):
+                    fb = self._batch(bs)
+                    self.backend.init_forward_metadata_out_graph(fb, in_capture=True)
+                    for _ in range(2):  # autotune / allocate off the graph
+                        self._forward(bs, fb)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=gc.stream):
+                        self.outputs[bs] = self._forward(bs, fb)
+                    self.graphs[bs] = graph
+                    self.batches[bs] = fb
+        torch.cuda.synchronize()
+
+    def can_run(self, num_reqs: int) -> bool:
+        return num_reqs <= self.max_bs
+
+    def replay(
+        self, plan: FastPrefillPlan, hidden_states: torch.Tensor
+    ) -> torch.Tensor:
+        """The back-half rows of ``plan``, computed by the graph of its size."""
+        n = plan.num_reqs
+        bs = BaseCudaGraphRunner._pad_to_bucket(n, self.capture_bs)
+        rows, reqs, src = plan.token_index, plan.req_index, plan.source
+        torch.index_select(hidden_states, 0, rows, out=self.hidden[:n])
+        if self.ple is not None:
+            self.ple[:n].copy_(plan.back_per_layer_inputs)
+        # Each kept request's last token: a decode step's geometry.
+        self.positions[:n].copy_(src.positions.index_select(0, rows))
+        self.req_pool_indices[:n].copy_(src.req_pool_indices.index_select(0, reqs))
+        self.seq_lens[:n].copy_(src.seq_lens.index_select(0, reqs))
+        self.out_cache_loc[:n].copy_(src.out_cache_loc.index_select(0, rows))
+        pad = bs - n
+        if pad:  # padding rows: a one-token sequence of request slot 0
+            self.req_pool_indices[n:bs].zero_()
+            self.seq_lens[n:bs].fill_(self.seq_len_fill)
+            self.positions[n:bs].zero_()
+        fb = self.batches[bs]
+        seq_cpu: List[int] = list(plan.seq_lens_cpu) + [self.seq_len_fill] * pad
+        fb.seq_lens_sum = sum(seq_cpu)
+        fb.seq_lens_cpu = torch.tensor(seq_cpu, dtype=torch.int64)
+        self.backend.init_forward_metadata_out_graph(fb, in_capture=False)
+        self.graphs[bs].replay()
+        return self.outputs[bs][:n]

@@ -1,0 +1,247 @@
+"""Back-half metadata of KV-sharing fast prefill, built by each attention
+backend that supports it (AttentionBackend.init_back_half_metadata), on CPU.
+
+For triton, trtllm_mha and torch_native: one query per request over its whole
+sequence (the keys its last token attends in the pass, sliding windows
+included), built while the pass's metadata is current without writing anything
+the backend holds, and made current and undone exactly, also when the layers
+in between raise.
+"""
+
+import pytest
+import torch
+from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
+    _restore_kernels,
+    _snapshot,
+    _TorchKernel,
+    assert_same_state,
+    assert_same_trtllm_metadata,
+    back_half_batch,
+    backend_state,
+    make_batch,
+    make_decode_batch,
+    make_torch_native_backend,
+    make_trtllm_backend,
+    make_triton_backend,
+    trtllm_keys,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang.srt.layers.attention import triton_backend
+
+pytestmark = pytest.mark.stack("yoco-model", step="attention-back-half-metadata")
+
+
+@pytest.mark.stack("yoco-model", step="attention-back-half-metadata", fails_before=True)
+@settings(max_examples=40, deadline=None)
+@given(
+    window=st.sampled_from([3, 15, 63, 400]),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6
+    ),
+)
+def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
+    be = make_triton_backend(window)
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    ext = [e for e, _ in reqs]
+    pre = [p for _, p in reqs]
+    fb = make_batch(ext, pre)
+    # The pass's own (front-half) metadata lives in the persistent buffers.
+    be.kv_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(pre), 0)
+    be.qo_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(ext), 0)
+    be.forward_metadata = object()
+    before = backend_state(be)
+
+    back = back_half_batch(fb)
+    attrs = be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)
+    assert_same_state(be, before)  # building touched nothing of the pass's
+    meta = attrs["forward_metadata"]
+
+    seq = [p + e for p, e in zip(pre, ext)]
+    rows = [be.req_to_token[i + 1] for i in range(len(seq))]
+    # full-attention layers: every key of the sequence, as a decode step reads it
+    assert meta.kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(seq), 0).tolist()
+    assert torch.equal(meta.kv_indices, torch.cat([r[:s] for r, s in zip(rows, seq)]))
+    # sliding layers: the extend pass's window, W + 1 keys ending at the token
+    w = [min(s, window + 1) for s in seq]
+    assert meta.window_kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(w), 0).tolist()
+    expect = torch.cat([r[s - k : s] for r, s, k in zip(rows, seq, w)])
+    assert torch.equal(meta.window_kv_indices, be.token_to_kv_pool.translate_loc_from_full_to_swa(expect))
+    # the swapped-in metadata is swapped out again, exactly
+    with be.use_back_half_metadata(attrs):
+        assert be.forward_metadata is meta
+    assert_same_state(be, before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    window=st.sampled_from([3, 15, 63, 400]),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6
+    ),
+)
+def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(window, reqs):
+    be = make_triton_backend(window)
+    be.enable_deterministic = True
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    ext = [e for e, _ in reqs]
+    pre = [p for _, p in reqs]
+    fb = make_batch(ext, pre)
+    be.forward_metadata = object()
+    before = backend_state(be)
+
+    assert be.back_half_is_extend()
+    meta = be.init_back_half_metadata(back_half_batch(fb, extend=True), pre)["forward_metadata"]
+    assert_same_state(be, before)
+    seq = [p + e for p, e in zip(pre, ext)]
+    n = len(seq)
+    assert meta.qo_indptr.tolist() == list(range(n + 1)) and meta.max_extend_len == 1
+    rows = [be.req_to_token[i + 1] for i in range(n)]
+    # full-attention layers: every cached key before the token, from key 0
+    assert meta.kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(seq) - 1, 0).tolist()
+    assert torch.equal(meta.kv_indices, torch.cat([r[: s - 1] for r, s in zip(rows, seq)]))
+    # sliding layers: the cached keys before the token, from where the full
+    # pass's window started (its prefix minus up to W keys), not the last W
+    start = [p - min(p, window) for p in pre]
+    w = [s - 1 - b for s, b in zip(seq, start)]
+    assert meta.window_kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(w), 0).tolist()
+    expect = torch.cat([r[b : s - 1] for r, s, b in zip(rows, seq, start)])
+    assert torch.equal(meta.window_kv_indices, be.token_to_kv_pool.translate_loc_from_full_to_swa(expect))
+    assert meta.window_kv_offsets.tolist() == start
+    with be.use_back_half_metadata({"forward_metadata": meta}):
+        assert be.forward_metadata is meta
+    assert_same_state(be, before)
+
+
+def test_triton_metadata_restored_when_the_back_half_raises():
+    be = make_triton_backend(15)
+    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
+    fb = make_batch([9, 30])
+    be.forward_metadata = object()
+    before = backend_state(be)
+    attrs = be.init_back_half_metadata(back_half_batch(fb), fb.extend_prefix_lens_cpu)
+    with pytest.raises(RuntimeError):
+        with be.use_back_half_metadata(attrs):
+            raise RuntimeError("layer failed")
+    assert_same_state(be, before)
+
+
+def test_torch_native_back_half_metadata_and_restore():
+    be = make_torch_native_backend()
+    fb = make_batch([9, 30, 2])
+    be.swa_out_cache_loc = be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc)
+    before = backend_state(be)
+    back = back_half_batch(fb)
+    attrs = be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)
+    assert_same_state(be, before)
+    assert torch.equal(
+        attrs["swa_out_cache_loc"],
+        be.token_to_kv_pool.translate_loc_from_full_to_swa(back.out_cache_loc),
+    )
+    with be.use_back_half_metadata(attrs):
+        assert be.swa_out_cache_loc is attrs["swa_out_cache_loc"]
+    assert_same_state(be, before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    page_size=st.sampled_from([1, 16, 64]),
+    window=st.sampled_from([-1, 0, 3, 15, 63, 400]),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6
+    ),
+)
+def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
+    be = make_trtllm_backend(page_size)
+    ext = [e for e, _ in reqs]
+    pre = [p for _, p in reqs]
+    fb = make_batch(ext, pre)
+    be.init_forward_metadata(fb)  # the pass's own (front-half) metadata
+    pass_meta = be.forward_metadata
+    before = backend_state(be)
+
+    back = back_half_batch(fb)
+    attrs = be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)
+    assert_same_state(be, before)  # building touched nothing of the pass's
+    meta = attrs["forward_metadata"]
+
+    # what trtllm_mha builds for a genuine decode step of these requests
+    seq = [p + e for p, e in zip(pre, ext)]
+    last = torch.cumsum(torch.tensor(ext), 0) - 1
+    ref = make_trtllm_backend(page_size)
+    ref.init_forward_metadata(
+        make_decode_batch(fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc[last])
+    )
+    assert_same_trtllm_metadata(meta, ref.forward_metadata, seq, page_size)
+    # ... which is: one query per request over its whole sequence
+    assert meta.max_seq_len_q == 1
+    assert meta.cache_seqlens_int32.tolist() == seq
+    assert meta.cu_seqlens_q.tolist() == list(range(len(seq) + 1))
+    assert meta.cu_seqlens_k.tolist() == [0] + torch.cumsum(torch.tensor(seq), 0).tolist()
+    swa = be.token_to_kv_pool.translate_loc_from_full_to_swa
+    assert torch.equal(meta.swa_out_cache_loc, swa(fb.out_cache_loc[last]))
+    # Each request's last token reads, in full and sliding layers, the keys it
+    # reads in the extend pass: the last window + 1 of its sequence (no W + 1
+    # fix-up as for triton: the window is the kernels', not the metadata's).
+    for b, s in enumerate(seq):
+        row = be.req_to_token[b + 1, max(0, s - 1 - window) if window >= 0 else 0 : s]
+        for is_swa, slots in ((False, row.long()), (True, swa(row.long()))):
+            keys = trtllm_keys(be, meta, b, window, is_swa)
+            assert torch.equal(keys, slots)
+            assert torch.equal(keys, trtllm_keys(be, pass_meta, b, window, is_swa))
+    # the swapped-in metadata is swapped out again, exactly
+    with be.use_back_half_metadata(attrs):
+        assert be.forward_metadata is meta
+    assert_same_state(be, before)
+
+
+def test_trtllm_decode_metadata_is_allocated_per_call():
+    """Called directly (no scratch twins), trtllm_mha's decode
+    init_forward_metadata writes nothing the backend holds and returns
+    tensors that share no storage with it."""
+    be = make_trtllm_backend(16)
+    fb = make_batch([9, 30, 2], [5, 0, 40])
+    be.init_forward_metadata(fb)
+    before = backend_state(be)
+    pass_meta = be.forward_metadata
+    be.init_forward_metadata(
+        make_decode_batch(fb.req_pool_indices, fb.seq_lens, torch.tensor([1013, 1038, 1040]))
+    )
+    new, be.forward_metadata = be.forward_metadata, pass_meta
+    assert_same_state(be, before)
+
+    def storages(snap):
+        obj, held = snap
+        if isinstance(obj, torch.Tensor):
+            yield obj.untyped_storage().data_ptr()
+        elif held is not None and not isinstance(held, torch.Tensor):
+            for x in held.values() if isinstance(held, dict) else held:
+                yield from storages(x)
+
+    held = {p for snap in before.values() for p in storages(snap)}
+    assert held.isdisjoint(storages(_snapshot(new)))
+
+
+def test_trtllm_metadata_restored_when_the_back_half_raises():
+    be = make_trtllm_backend(16)
+    fb = make_batch([9, 30])
+    be.init_forward_metadata(fb)
+    before = backend_state(be)
+    attrs = be.init_back_half_metadata(back_half_batch(fb), fb.extend_prefix_lens_cpu)
+    with pytest.raises(RuntimeError):
+        with be.use_back_half_metadata(attrs):
+            assert be.forward_metadata is attrs["forward_metadata"]
+            raise RuntimeError("layer failed")
+    assert_same_state(be, before)
+
+
+def test_a_backend_without_it_refuses_with_the_flag_named():
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+    class Other(AttentionBackend):
+        pass
+
+    with pytest.raises(NotImplementedError, match="--kv-sharing-fast-prefill"):
+        Other().init_back_half_metadata(back_half_batch(make_batch([3])), [0])
+    assert not Other().back_half_is_extend()
