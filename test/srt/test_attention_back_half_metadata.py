@@ -32,15 +32,13 @@ from sglang.srt.layers.attention import triton_backend
 
 pytestmark = pytest.mark.stack("yoco-model", step="attention-back-half-metadata")
 
+# (new tokens, cached prefix) per request of the pass
+REQS = st.lists(st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6)
+
 
 @pytest.mark.stack("yoco-model", step="attention-back-half-metadata", fails_before=True)
 @settings(max_examples=40, deadline=None)
-@given(
-    window=st.sampled_from([3, 15, 63, 400]),
-    reqs=st.lists(
-        st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6
-    ),
-)
+@given(window=st.sampled_from([3, 15, 63, 400]), reqs=REQS)
 def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     be = make_triton_backend(window)
     triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
@@ -75,12 +73,7 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    window=st.sampled_from([3, 15, 63, 400]),
-    reqs=st.lists(
-        st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6
-    ),
-)
+@given(window=st.sampled_from([3, 15, 63, 400]), reqs=REQS)
 def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(window, reqs):
     be = make_triton_backend(window)
     be.enable_deterministic = True
@@ -148,9 +141,7 @@ def test_torch_native_back_half_metadata_and_restore():
 @given(
     page_size=st.sampled_from([1, 16, 64]),
     window=st.sampled_from([-1, 0, 3, 15, 63, 400]),
-    reqs=st.lists(
-        st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6
-    ),
+    reqs=REQS,
 )
 def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
     be = make_trtllm_backend(page_size)

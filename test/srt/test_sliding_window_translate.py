@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from test_gemma4_yoco import FakeSWAPool, _TorchKernel
+from attention_stand_ins import FakeSWAPool, _TorchKernel
 
 from sglang.srt.layers.attention import triton_backend
 from sglang.srt.layers.attention.sliding_window_translate import (
