@@ -111,8 +111,8 @@ def mode_kwargs(mode, draft_dir, steps):
     if mode not in MODES:
         sys.exit(f"unknown mode {mode!r}: one of {','.join(MODES)}")
     kw = mtp_kwargs(draft_dir, steps)
-    if mode == "mtp-splitkv":
-        kw["triton_attention_split_kv_verify"] = True
+    # the split-KV verify is FROZEN_KV_MTP's default on triton: "mtp" opts out
+    kw["triton_attention_split_kv_verify"] = mode == "mtp-splitkv"
     return kw
 
 

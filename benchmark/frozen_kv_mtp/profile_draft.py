@@ -72,8 +72,8 @@ def make_engine(mode, target_dir, draft_dir, a):
         kw["max_running_requests"] = a.max_running_requests
     if mode in ("mtp", "mtp-splitkv", "mtp-splitkv-grouped"):
         kw.update(mtp_kwargs(draft_dir, a.steps))
-    if mode.startswith("mtp-splitkv"):  # verify as decode queries (split-KV decode kernel)
-        kw["triton_attention_split_kv_verify"] = True
+    if mode.startswith("mtp"):  # split-KV verify (decode queries) or stock's extend kernel
+        kw["triton_attention_split_kv_verify"] = mode.startswith("mtp-splitkv")
     # grouped: all draft rows of a request per key tile (the scheduler process
     # inherits the environment when the engine starts it)
     os.environ["SGLANG_CHAIN_VERIFY_GROUPED"] = "1" if mode == "mtp-splitkv-grouped" else "0"

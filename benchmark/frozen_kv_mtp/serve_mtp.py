@@ -44,7 +44,7 @@ from run import MTP_ACCEPT_LEN, WARMUP_PROMPTS, WORKLOADS, _server_cmd, concurre
 
 MODE_FLAGS = {
     "nospec": [],
-    "mtp": [],
+    "mtp": ["--no-triton-attention-split-kv-verify"],  # stock's extend-kernel verify
     "mtp-splitkv": ["--triton-attention-split-kv-verify"],
     # FROZEN_KV_MTP caps running requests at 48 when unset (speculative_hook.py)
     "mtp-splitkv-mrr80": ["--triton-attention-split-kv-verify", "--max-running-requests", "80"],

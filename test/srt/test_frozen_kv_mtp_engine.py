@@ -137,6 +137,13 @@ def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
     assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default")
+def test_extend_kernel_verify_opt_out_matches_hf(setup):
+    """--no-triton-attention-split-kv-verify: stock's extend-kernel verify, which
+    FROZEN_KV_MTP on triton no longer takes by default."""
+    assert mtp(setup, triton_attention_split_kv_verify=False) == setup[3]
+
+
 @pytest.mark.stack("yoco-mtp")
 def test_yoco_under_mtp_matches_hf(setup):
     assert mtp(setup, **YOCO) == setup[3]

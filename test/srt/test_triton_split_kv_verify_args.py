@@ -73,6 +73,45 @@ def test_draft_tree_rejected(model):
     assert "--speculative-eagle-topk 1" in msg and "got 4" in msg
 
 
+# --------------------------------------------------------------- the default
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default", fails_before=True)
+def test_unset_is_on_for_frozen_kv_mtp_on_triton(model, caplog):
+    with caplog.at_level(logging.INFO, logger="sglang.srt.arg_groups.triton_split_kv_verify_hook"):
+        args = mtp(model, triton_attention_split_kv_verify=None)
+    assert args.speculative_algorithm == "FROZEN_KV_MTP"
+    assert args.triton_attention_split_kv_verify is True
+    assert "Triton split-KV verify on (default for FROZEN_KV_MTP" in caplog.text
+    assert "--no-triton-attention-split-kv-verify" in caplog.text
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default")
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(enable_deterministic_inference=True),  # stock's batch-invariant verify
+        dict(attention_backend="torch_native"),
+        dict(triton_attention_split_kv_verify=False),  # the opt-out
+    ],
+)
+def test_unset_stays_off_where_it_does_not_apply(model, change):
+    kwargs = dict(triton_attention_split_kv_verify=None)
+    kwargs.update(change)
+    assert mtp(model, **kwargs).triton_attention_split_kv_verify is False
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default")
+def test_unset_off_without_speculation_and_the_cli_opt_out(model):
+    assert server_args(model("E4B"), kv_sharing_fast_prefill=False).triton_attention_split_kv_verify is False
+    argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "triton",
+            "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", model("assistant"),
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4"]
+    assert server_args_from_cli(argv).triton_attention_split_kv_verify is True
+    assert server_args_from_cli(argv + [f"--no-{FLAG[2:]}"]).triton_attention_split_kv_verify is False
+
+
 @pytest.mark.parametrize(
     "change, on",
     [({}, True), ({"topk": 4}, False), ({"topk": 0}, False), ({"enable_deterministic": True}, False),

@@ -2,8 +2,9 @@
 
 The flag makes the triton backend verify a speculative draft chain (topk 1) as
 decode queries through the split-KV decode kernel
-(``layers/attention/triton_chain_verify.py``). This hook rejects settings where
-that cannot apply, naming the setting and what to do.
+(``layers/attention/triton_chain_verify.py``). Unset, this hook turns it on for
+FROZEN_KV_MTP where it applies; set, it rejects settings where it cannot
+apply, naming the setting and what to do.
 
 Called from ``ServerArgs.__post_init__`` after ``handle_speculative_decoding``
 (algorithm and topk resolved).
@@ -22,10 +23,36 @@ logger = logging.getLogger(__name__)
 FLAG = "--triton-attention-split-kv-verify"
 
 
+def _on_by_default(server_args: ServerArgs, view) -> bool:
+    """Unset: on for FROZEN_KV_MTP with a top-1 chain on triton. There the
+    split-KV verify removes the per-step walk over each request's whole context,
+    and its greedy output is at least as close to the target's own as the
+    extend kernel's (same number of outputs identical to no speculation, first
+    tokens all equal, in a 200-prompt check). Deterministic inference keeps the
+    extend kernel, the batch-invariant one."""
+    backends = server_args._resolved_attention_backends()
+    return (
+        view.speculative_algorithm == "FROZEN_KV_MTP"
+        and view.speculative_eagle_topk == 1
+        and not view.enable_deterministic_inference
+        and all(b == "triton" for b in backends)
+    )
+
+
 def handle_triton_split_kv_verify(server_args: ServerArgs) -> None:
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(server_args)
+    if view.triton_attention_split_kv_verify is None:
+        on = _on_by_default(server_args, view)
+        server_args.triton_attention_split_kv_verify = on
+        if on:
+            logger.info(
+                "Triton split-KV verify on (default for FROZEN_KV_MTP with topk 1 on "
+                "triton): each draft token attends as a decode query; "
+                "--no-triton-attention-split-kv-verify keeps the extend-kernel verify"
+            )
+        return
     if not view.triton_attention_split_kv_verify:
         return
     if view.speculative_algorithm is None:
