@@ -36,6 +36,15 @@ pytestmark = pytest.mark.stack("yoco-model", step="attention-back-half-metadata"
 REQS = st.lists(st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6)
 
 
+def build_untouched(be, fb, extend=False):
+    """The backend's back-half metadata for every request of pass ``fb`` and its
+    state from before, asserting that building it wrote nothing the backend holds."""
+    before = backend_state(be)
+    attrs = be.init_back_half_metadata(back_half_batch(fb, extend), fb.extend_prefix_lens_cpu)
+    assert_same_state(be, before)
+    return attrs, before
+
+
 @pytest.mark.stack("yoco-model", step="attention-back-half-metadata", fails_before=True)
 @settings(max_examples=40, deadline=None)
 @given(window=st.sampled_from([3, 15, 63, 400]), reqs=REQS)
@@ -49,11 +58,7 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     be.kv_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(pre), 0)
     be.qo_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(ext), 0)
     be.forward_metadata = object()
-    before = backend_state(be)
-
-    back = back_half_batch(fb)
-    attrs = be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)
-    assert_same_state(be, before)  # building touched nothing of the pass's
+    attrs, before = build_untouched(be, fb)  # building touched nothing of the pass's
     meta = attrs["forward_metadata"]
 
     seq = [p + e for p, e in zip(pre, ext)]
@@ -82,11 +87,9 @@ def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(wi
     pre = [p for _, p in reqs]
     fb = make_batch(ext, pre)
     be.forward_metadata = object()
-    before = backend_state(be)
-
     assert be.back_half_is_extend()
-    meta = be.init_back_half_metadata(back_half_batch(fb, extend=True), pre)["forward_metadata"]
-    assert_same_state(be, before)
+    attrs, before = build_untouched(be, fb, extend=True)
+    meta = attrs["forward_metadata"]
     seq = [p + e for p, e in zip(pre, ext)]
     n = len(seq)
     assert meta.qo_indptr.tolist() == list(range(n + 1)) and meta.max_extend_len == 1
@@ -124,13 +127,10 @@ def test_torch_native_back_half_metadata_and_restore():
     be = make_torch_native_backend()
     fb = make_batch([9, 30, 2])
     be.swa_out_cache_loc = be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc)
-    before = backend_state(be)
-    back = back_half_batch(fb)
-    attrs = be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)
-    assert_same_state(be, before)
+    attrs, before = build_untouched(be, fb)
     assert torch.equal(
         attrs["swa_out_cache_loc"],
-        be.token_to_kv_pool.translate_loc_from_full_to_swa(back.out_cache_loc),
+        be.token_to_kv_pool.translate_loc_from_full_to_swa(back_half_batch(fb).out_cache_loc),
     )
     with be.use_back_half_metadata(attrs):
         assert be.swa_out_cache_loc is attrs["swa_out_cache_loc"]
@@ -150,11 +150,7 @@ def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
     fb = make_batch(ext, pre)
     be.init_forward_metadata(fb)  # the pass's own (front-half) metadata
     pass_meta = be.forward_metadata
-    before = backend_state(be)
-
-    back = back_half_batch(fb)
-    attrs = be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)
-    assert_same_state(be, before)  # building touched nothing of the pass's
+    attrs, before = build_untouched(be, fb)  # building touched nothing of the pass's
     meta = attrs["forward_metadata"]
 
     # what trtllm_mha builds for a genuine decode step of these requests
