@@ -4,6 +4,9 @@
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
+# Test processes at once: the per-step check's worktrees and the suite's pytest-xdist
+# workers. A test mostly keeps one core busy, so the default is the CI machine's 2 cores.
+JOBS ?= 2
 
 .PHONY: demo test install check export clean
 
@@ -21,8 +24,8 @@ install: $(VENV)/.deps
 # Every step of patches/series applies, imports and passes its own tests; then the
 # whole suite runs against the installed fork (the last step).
 test: install
-	@$(PY) tools/phase.py per-step-check $(PY) tools/fork.py check --each --python $(VPY)
-	@$(PY) tools/phase.py suite $(VPY) -m pytest test/srt test/bench test/tools -q -p no:cacheprovider
+	@$(PY) tools/phase.py per-step-check $(PY) tools/fork.py check --each --jobs $(JOBS) --python $(VPY)
+	@$(PY) tools/phase.py suite $(VPY) -m pytest test/srt test/bench test/tools -q -p no:cacheprovider -n $(JOBS) --dist loadfile
 
 demo: install
 	$(VPY) scripts/demo.py

@@ -24,7 +24,8 @@ Commands (python3 tools/fork.py CMD --help):
   install              materialize into build/tree, build build/dist/sglang-V+local-*.whl,
                        pip install it into the venv (default .venv)
   check [--each]       materialize and verify the mirror; --each also checks every step:
-                       byte-compile and import what it touches, run its tests (see below)
+                       byte-compile and import what it touches, run its tests (see below);
+                       --jobs N checks N steps at once, each in a git worktree of its own
   export OUTDIR        one folder per stack: git-am-able patches + cover-letter.md
   import DIR           write DIR's commits back into the series (authoring, below)
   overlay DIR          only changed/new files as DIR/sglang/..., to copy over site-packages
@@ -56,12 +57,14 @@ from __future__ import annotations
 import argparse
 import ast
 import base64
+import concurrent.futures
 import csv
 import hashlib
 import io
 import json
 import os
 import platform
+import queue
 import re
 import shutil
 import subprocess
@@ -628,6 +631,19 @@ class StepReport:
     proofs: list[str]
 
 
+@dataclass
+class _Job:
+    """One unit of check work on one step's tree; a step has one job that probes it (its
+    touched modules, its proofs, its own tests) and, with jobs > 1, one job per test file
+    of the stack tests that run after it, so long engine files spread over the workers."""
+    step: Step
+    before: str                 # commit just before the step (where proofs must fail)
+    after: str                  # commit with the step applied
+    probe: bool
+    tests: list[str]
+    proofs: list[str] = field(default_factory=list)
+
+
 def _tree_env(tree: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -642,12 +658,61 @@ def _pytest(fork: Fork, python: str, tree: Path, nodeids: list[str]) -> subproce
                           text=True)
 
 
+def _checkout(tree: Path, rev: str) -> None:
+    git(tree, "checkout", "-q", "--detach", "-f", rev)
+    git(tree, "clean", "-q", "-f", "-d", "-x")
+
+
+def _run_job(fork: Fork, python: str, tree: Path, cwd: Path, job: _Job) -> tuple[int, int]:
+    """Check one job in ``tree`` (a worktree this job has to itself); returns (modules
+    imported, tests run) or raises ForkError with the cause."""
+    s = job.step
+    if job.proofs:
+        _checkout(tree, job.before)
+        res = _pytest(fork, python, tree, job.proofs)
+        if res.returncode in (0, 5):
+            raise ForkError(f"{', '.join(job.proofs)} pass(es) before step {s.line} "
+                            "exists; a test marked fails_before must fail there:\n"
+                            + res.stdout[-3000:])
+    _checkout(tree, job.after)
+    mods: list[str] = []
+    if job.probe:
+        touched = [p for p, st in changed_files(tree, f"{job.before}..{job.after}").items()
+                   if st != "D"]
+        py = [p for p in touched if p.endswith(".py")]
+        if py:
+            res = subprocess.run([python, "-c", COMPILE_PROBE, *(str(tree / p) for p in py)],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise ForkError(f"step {s.line}: a file it touches does not compile:\n"
+                                + res.stderr[-4000:])
+        mods = python_modules(py)
+        if mods:
+            res = subprocess.run([python, "-c", IMPORT_PROBE, *mods], env=_tree_env(tree),
+                                 cwd=cwd, capture_output=True, text=True)
+            if res.returncode:
+                raise ForkError(f"step {s.line}: a module it touches does not import:\n"
+                                + res.stderr[-6000:])
+    if job.tests:
+        res = _pytest(fork, python, tree, job.tests)
+        if res.returncode:
+            raise ForkError(f"step {s.line}: its tests fail:\n{res.stdout[-8000:]}"
+                            f"{res.stderr[-2000:]}")
+    return len(mods), len(job.tests)
+
+
 def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
-               stack: str | None = None, start: str | None = None,
+               stack: str | None = None, start: str | None = None, jobs: int = 1,
                log=print) -> list[StepReport]:
     """Every step is a working tree: applied in order with git am, each step's touched
     modules byte-compile and import from the tree, and its tests pass there (those
-    marked fails_before also fail just before it)."""
+    marked fails_before also fail just before it).
+
+    All steps are applied first (one commit each), so a patch that does not apply fails
+    before any test runs; the checks then run on ``jobs`` worktrees at once, each job
+    checking out the commit it needs. The steps' checks are independent of each other,
+    and a test mostly keeps one core busy (Python, or the Triton interpreter), so on a
+    2-core machine two jobs take about half the wall time of one."""
     python = os.path.abspath(python) if python else sys.executable
     steps = read_series(fork)
     problems = lint_series(steps)
@@ -662,64 +727,86 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     first_of_stack = {st[0].name for _, st in stacks_of(steps)}
     if start is not None and start not in {s.name for s in steps}:
         raise ForkError(f"--from {start}: not a step of patches/series")
-    reports = []
-    skipping = start is not None
+    jobs = max(1, jobs)
     with tempfile.TemporaryDirectory(prefix="fork-each-") as tmp:
         tree = Path(tmp) / "tree"
         tree.mkdir()
         create_base(fork, tree)
+        plan: list[_Job] = []
+        checked: list[Step] = []
+        skipping = start is not None
+        before = git(tree, "rev-parse", "HEAD").stdout.strip()
         for s in steps:
-            skipping = skipping and s.name != start
-            if skipping:  # --from: only applied
-                apply_step(tree, s)
-                continue
-            t0 = time.monotonic()
-            selected = run_tests and (stack is None or s.stack == stack)
-            wanted = [t for t in tests if t.stack == s.stack and (
-                t.step == s.name or (t.step is None and s.name in last_of_stack))]
-            # fails_before: a step test just before its step, a stack test just
-            # before its stack's first step.
-            proofs = [t.nodeid for t in tests if t.stack == s.stack and t.fails_before and (
-                t.step == s.name or (t.step is None and s.name in first_of_stack))
-                      ] if selected else []
-            if proofs:  # the tree is still the step before this one
-                res = _pytest(fork, python, tree, proofs)
-                if res.returncode in (0, 5):
-                    raise ForkError(f"{', '.join(proofs)} pass(es) before step {s.line} "
-                                    "exists; a test marked fails_before must fail there:\n"
-                                    + res.stdout[-3000:])
             apply_step(tree, s)
-            touched = [p for p, st in changed_files(tree, "HEAD~1..HEAD").items() if st != "D"]
-            py = [p for p in touched if p.endswith(".py")]
-            if py:
-                res = subprocess.run([python, "-c", COMPILE_PROBE, *(str(tree / p) for p in py)],
-                                     capture_output=True, text=True)
-                if res.returncode:
-                    raise ForkError(f"step {s.line}: a file it touches does not compile:\n"
-                                    + res.stderr[-4000:])
-            mods = python_modules(py)
-            if mods:
-                res = subprocess.run([python, "-c", IMPORT_PROBE, *mods], env=_tree_env(tree),
-                                     cwd=tmp, capture_output=True, text=True)
-                if res.returncode:
-                    raise ForkError(f"step {s.line}: a module it touches does not import:\n"
-                                    + res.stderr[-6000:])
-            ran = 0
-            if selected and wanted:
-                res = _pytest(fork, python, tree, [t.nodeid for t in wanted])
-                if res.returncode:
-                    raise ForkError(f"step {s.line}: its tests fail:\n{res.stdout[-8000:]}"
-                                    f"{res.stderr[-2000:]}")
-                ran = len(wanted)
-            rep = StepReport(s, time.monotonic() - t0, len(mods), ran, proofs)
-            reports.append(rep)
-            log(f"ok {s.line}: {len(mods)} modules import, {ran} tests pass"
-                + (f", {len(proofs)} fail one step earlier" if proofs else "")
-                + f" ({rep.seconds:.0f} s)")
+            after = git(tree, "rev-parse", "HEAD").stdout.strip()
+            skipping = skipping and s.name != start
+            if not skipping:  # --from: the steps before it are only applied
+                checked.append(s)
+                selected = run_tests and (stack is None or s.stack == stack)
+                own = [t.nodeid for t in tests if t.stack == s.stack and t.step == s.name]
+                of_stack = [t.nodeid for t in tests if t.stack == s.stack and t.step is None
+                            and s.name in last_of_stack]
+                # fails_before: a step test just before its step, a stack test just
+                # before its stack's first step.
+                proofs = [t.nodeid for t in tests if t.stack == s.stack and t.fails_before and (
+                    t.step == s.name or (t.step is None and s.name in first_of_stack))]
+                if not selected:
+                    own, of_stack, proofs = [], [], []
+                if jobs == 1:
+                    plan.append(_Job(s, before, after, True, own + of_stack, proofs))
+                else:
+                    plan.append(_Job(s, before, after, True, own, proofs))
+                    by_file: dict[str, list[str]] = {}
+                    for nodeid in of_stack:
+                        by_file.setdefault(nodeid.split("::")[0], []).append(nodeid)
+                    plan += [_Job(s, before, after, False, ids) for ids in by_file.values()]
+            before = after
         created = sorted(p for p, st in changed_files(tree, f"{BASE_TAG}..HEAD").items()
                          if st == "A")
         verify_mirror(fork, tree, created)
-    return reports
+        if jobs > 1:  # stack tests (engine runs, the long ones) first, later stacks first
+            order = {s.name: i for i, s in enumerate(steps)}
+            plan.sort(key=lambda j: (j.probe, -order[j.step.name] if not j.probe
+                                     else order[j.step.name]))
+        free: "queue.Queue[Path]" = queue.Queue()
+        for i in range(min(jobs, len(plan)) or 1):
+            wt = Path(tmp) / f"worktree-{i}"
+            git(tree, "worktree", "add", "-q", "--detach", str(wt), "HEAD")
+            free.put(wt)
+        left = {s.name: sum(1 for j in plan if j.step is s) for s in checked}
+        done: dict[str, StepReport] = {s.name: StepReport(s, 0.0, 0, 0, []) for s in checked}
+
+        def run(job: _Job) -> _Job:
+            wt = free.get()
+            try:
+                t0 = time.monotonic()
+                mods, ran = _run_job(fork, python, wt, Path(tmp), job)
+            finally:
+                free.put(wt)
+            rep = done[job.step.name]
+            rep.seconds += time.monotonic() - t0
+            rep.imported += mods
+            rep.tests += ran
+            rep.proofs += job.proofs
+            return job
+
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            futures = [pool.submit(run, j) for j in plan]
+            try:
+                for fut in concurrent.futures.as_completed(futures):
+                    job = fut.result()  # the first failure stops the check
+                    left[job.step.name] -= 1
+                    if left[job.step.name] == 0:
+                        rep = done[job.step.name]
+                        log(f"ok {rep.step.line}: {rep.imported} modules import, {rep.tests} "
+                            "tests pass" + (f", {len(rep.proofs)} fail one step earlier"
+                                            if rep.proofs else "")
+                            + f" ({rep.seconds:.0f} s)")
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    return [done[s.name] for s in checked]
 
 
 # ----------------------------------------------------------------------------- export
@@ -821,6 +908,8 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
     p.add_argument("--no-tests", action="store_true", help="with --each: apply and import only")
     p.add_argument("--from", dest="start", metavar="STEP",
                    help="with --each: only apply the steps before STEP (to resume)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="with --each: check N steps at once, each in a worktree of its own")
     sub.add_parser("diffstat", help="files and +/- lines per step")
     args = ap.parse_args(argv)
     fork = fork or Fork()
@@ -841,12 +930,12 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
         elif args.cmd == "check" and args.each:
             t0 = time.monotonic()
             reports = check_each(fork, args.python, run_tests=not args.no_tests,
-                                 stack=args.stack, start=args.start,
+                                 stack=args.stack, start=args.start, jobs=args.jobs,
                                  log=lambda m: print(m, flush=True))
             print(f"ok: all {len(reports)} steps apply, import and pass their tests "
                   f"({sum(r.tests for r in reports)} test selections, "
                   f"{sum(len(r.proofs) for r in reports)} fail one step earlier; "
-                  f"{time.monotonic() - t0:.0f} s)")
+                  f"{time.monotonic() - t0:.0f} s, {args.jobs} at once)")
         elif args.cmd == "check":
             problems = lint_series(read_series(fork))
             if problems:

@@ -257,6 +257,32 @@ def test_check_each_runs_each_steps_tests_on_its_tree(two_stacks):
     assert lines[-1].startswith("ok 02-yoco/0002-yoco-grows.patch: 1 modules import, 1 tests")
 
 
+def test_check_each_with_two_jobs_checks_each_step_on_its_own_tree(two_stacks):
+    """--jobs 2: the same steps, tests and proofs as one at a time, each on its own tree
+    (a stack test runs after its stack, a step test on its step, a proof just before)."""
+    env = two_stacks
+    marked_test(env, "test_yoco.py", "def test_y():\n    from sglang.srt import yoco\n"
+                "    assert yoco.Y == 2\n", '"yoco", step="yoco-grows", fails_before=True')
+    marked_test(env, "test_fix.py", "def test_fix():\n    import sglang, pathlib\n"
+                "    p = pathlib.Path(sglang.__file__).parent / 'srt/models/gemma.py'\n"
+                "    assert 'patched' in p.read_text()\n", '"fixes"')
+    marked_test(env, "test_stack.py", "def test_s():\n    from sglang.srt import yoco\n"
+                "    assert yoco.Y == 2\n", '"yoco"')
+    lines = []
+    reports = fork.check_each(env, jobs=2, log=lines.append)
+    assert [(r.step.name, r.tests, r.proofs) for r in reports] == [
+        ("gemma-line-22", 1, []), ("yoco-module", 0, []),
+        ("yoco-grows", 2, ["test/srt/test_yoco.py::test_y"])]
+    assert sorted(line.split(":")[0] for line in lines) == [
+        "ok 01-fixes/0001-gemma-line-22.patch", "ok 02-yoco/0001-yoco-module.patch",
+        "ok 02-yoco/0002-yoco-grows.patch"]
+    # a stack test that needs a later step fails its stack's check, also with two jobs
+    marked_test(env, "test_stack.py", "def test_s():\n    from sglang.srt import yoco\n"
+                "    assert yoco.Y == 2\n", '"fixes"')
+    with pytest.raises(fork.ForkError, match="01-fixes/0001-gemma-line-22.patch: its tests fail"):
+        fork.check_each(env, jobs=2, log=lambda m: None)
+
+
 def test_check_each_fails_a_test_that_passes_before_its_step(two_stacks):
     marked_test(two_stacks, "test_weak.py", "def test_w():\n    assert True\n",
                 '"yoco", step="yoco-grows", fails_before=True')

@@ -7,12 +7,13 @@ PYTHONPATH; plain runs never load it).
 - BENCH_GC_LOG=PATH: append one line per Python garbage collection of generation 1 or 2, or
   of any generation that took 50 us or more, "gc EPOCH PID TITLE GEN PAUSE_US COLLECTED", and
   one "gc0 EPOCH PID TITLE COUNT PAUSE_US" line per 200 shorter generation-0 collections
-  (buffered: written every 20 lines or after a second, at a collection's end), so a
+  (buffered: written every 20 lines or after a second, at a collection's end, a partial
+  block of generation-0 collections with them), so a
   benchmark can line up the host's GC pauses with the GPU's idle gaps. (Stock's
   SGLANG_LOG_GC=1 logs every collection's start and end at info level on the scheduler
   thread, which is itself host time in the loop being measured.)
 - BENCH_SKIP_SPEC_KERNEL_WARMUP=1: the server skips the start-up compile of the spec decode
-  kernels (speculative/spec_decode_kernel_warmup.py), as before patch 0027, for an A/B in
+  kernels (speculative/spec_decode_kernel_warmup.py), as stock does, for an A/B in
   one session.
 """
 
@@ -65,7 +66,12 @@ if _gc_path:
                 f"gc {time.time():.6f} {os.getpid()} {_title()} {gen} {us:.0f} {info['collected']}\n"
             )
         now = time.time()
-        if _gc["lines"] and (len(_gc["lines"]) >= 20 or now - _gc["flushed"] > 1.0):
+        if (_gc["lines"] or _gc["n0"]) and (len(_gc["lines"]) >= 20 or now - _gc["flushed"] > 1.0):
+            if _gc["n0"]:  # a partial block goes out with the rest, so no collection is lost
+                _gc["lines"].append(
+                    f"gc0 {time.time():.6f} {os.getpid()} {_title()} {_gc['n0']} {_gc['us0']:.0f}\n"
+                )
+                _gc["n0"], _gc["us0"] = 0, 0.0
             with open(_gc_path, "a") as f:
                 f.writelines(_gc["lines"])
             _gc["lines"].clear()
