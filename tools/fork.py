@@ -795,6 +795,9 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
             try:
                 for fut in concurrent.futures.as_completed(futures):
                     job = fut.result()  # the first failure stops the check
+                    if not job.probe:  # progress: stack tests end long before their step
+                        log(f"  {len(job.tests)} stack tests of {job.tests[0].split('::')[0]}"
+                            f" pass after {job.step.line}")
                     left[job.step.name] -= 1
                     if left[job.step.name] == 0:
                         rep = done[job.step.name]
