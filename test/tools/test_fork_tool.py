@@ -242,13 +242,18 @@ def marked_test(env, name, body, mark):
         f"import pytest\n\npytestmark = pytest.mark.stack({mark})\n\n\n{body}")
 
 
-def test_check_each_runs_each_steps_tests_on_its_tree(two_stacks):
-    env = two_stacks
+def mark_step_and_stack_tests(env):
+    """A step test of yoco-grows (which must fail before it) and a stack test of fixes."""
     marked_test(env, "test_yoco.py", "def test_y():\n    from sglang.srt import yoco\n"
                 "    assert yoco.Y == 2\n", '"yoco", step="yoco-grows", fails_before=True')
     marked_test(env, "test_fix.py", "def test_fix():\n    import sglang, pathlib\n"
                 "    p = pathlib.Path(sglang.__file__).parent / 'srt/models/gemma.py'\n"
                 "    assert 'patched' in p.read_text()\n", '"fixes"')
+
+
+def test_check_each_runs_each_steps_tests_on_its_tree(two_stacks):
+    env = two_stacks
+    mark_step_and_stack_tests(env)
     lines = []
     reports = fork.check_each(env, log=lines.append)
     assert [(r.step.name, r.tests, r.proofs) for r in reports] == [
@@ -261,11 +266,7 @@ def test_check_each_with_two_jobs_checks_each_step_on_its_own_tree(two_stacks):
     """--jobs 2: the same steps, tests and proofs as one at a time, each on its own tree
     (a stack test runs after its stack, a step test on its step, a proof just before)."""
     env = two_stacks
-    marked_test(env, "test_yoco.py", "def test_y():\n    from sglang.srt import yoco\n"
-                "    assert yoco.Y == 2\n", '"yoco", step="yoco-grows", fails_before=True')
-    marked_test(env, "test_fix.py", "def test_fix():\n    import sglang, pathlib\n"
-                "    p = pathlib.Path(sglang.__file__).parent / 'srt/models/gemma.py'\n"
-                "    assert 'patched' in p.read_text()\n", '"fixes"')
+    mark_step_and_stack_tests(env)
     marked_test(env, "test_stack.py", "def test_s():\n    from sglang.srt import yoco\n"
                 "    assert yoco.Y == 2\n", '"yoco"')
     lines = []
