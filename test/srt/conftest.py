@@ -11,6 +11,16 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
 
 
+def pytest_terminal_summary(terminalreporter):
+    # A test's record_property("summary", ...) line (the soak test's counts) shows in
+    # the run's log when the test passes, also from pytest-xdist workers, whose own
+    # output never reaches the terminal.
+    for rep in terminalreporter.stats.get("passed", []):
+        for name, value in getattr(rep, "user_properties", ()):
+            if name == "summary" and rep.when == "call":
+                terminalreporter.write_line(f"{rep.nodeid}: {value}")
+
+
 def pytest_sessionfinish(session, exitstatus):
     # Every engine shuts down once more at exit (atexit) and logs through the
     # handler SGLang bound to a capfd test's stream, closed by now: a "Logging
