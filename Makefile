@@ -25,7 +25,7 @@ install: $(VENV)/.deps
 # whole suite runs against the installed fork (the last step).
 test: install
 	@$(PY) tools/phase.py per-step-check $(PY) tools/fork.py check --each --jobs $(JOBS) --python $(VPY)
-	@$(PY) tools/phase.py suite $(VPY) -m pytest test/srt test/bench test/tools -q -p no:cacheprovider -n $(JOBS) --dist loadfile
+	@$(PY) tools/phase.py suite $(VPY) -m pytest test/srt test/bench test/tools -q -p no:cacheprovider -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 demo: install
 	$(VPY) scripts/demo.py

@@ -11,6 +11,26 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
 
 
+# The longest files, longest first. pytest-xdist (--dist loadfile --no-loadscope-reorder)
+# hands files to its workers in collection order: a long file that starts last leaves the
+# other worker idle for its whole length, so these start first and the short ones fill in.
+LONGEST_FIRST = (
+    "test/srt/test_frozen_kv_mtp_engine.py",
+    "test/srt/test_soak_server.py",
+    "test/srt/test_frozen_kv_mtp_yoco.py",
+    "test/srt/test_request_validation.py",
+    "test/bench/test_closeness.py",
+    "test/bench/test_served_benchmark.py",
+    "test/bench/test_checkpoint.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    # stable: a file's tests stay together and in order, the other files keep theirs
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 def pytest_terminal_summary(terminalreporter):
     # A test's record_property("summary", ...) line (the soak test's counts) shows in
     # the run's log when the test passes, also from pytest-xdist workers, whose own
