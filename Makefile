@@ -1,40 +1,57 @@
 # Two set-up commands on a fresh machine (python3 + network to the package index):
 #   make demo   install the fork into .venv, serve a tiny Gemma-4 on CPU, talk to it (OpenAI API)
 #   make test   install the fork into .venv, check every step of the stacks, run the CPU suite
+# BASE picks the upstream release (default 0.5.17; `make test BASE=0.5.23` builds the stacks
+# ported to 0.5.23 in bases/0.5.23/, in .venv-0.5.23 with that release's dependencies).
 PY ?= python3
+DEFAULT_BASE := 0.5.17
+BASE ?= $(DEFAULT_BASE)
+ifeq ($(BASE),$(DEFAULT_BASE))
 VENV := .venv
+REQS := requirements-cpu.txt
+# The fork tool's and the benchmarks' tests do not depend on the base: they run here.
+SUITE := test/srt test/bench test/tools
+PHASE :=
+else
+VENV := .venv-$(BASE)
+REQS := bases/$(BASE)/requirements-cpu.txt
+SUITE := test/srt
+PHASE := " ($(BASE))"
+endif
 VPY := $(VENV)/bin/python
+FORK := $(PY) tools/fork.py --base $(BASE)
 # Test processes at once: the per-step check's worktrees and the suite's pytest-xdist
 # workers. A test mostly keeps one core busy, so the default is the CI machine's 2 cores.
 JOBS ?= 2
 
 .PHONY: demo test install check export clean
 
-$(VENV)/.deps: requirements-cpu.txt
+$(VENV)/.deps: $(REQS)
 	@$(PY) tools/check_env.py
-	@echo "[phase] dependencies: creating $(VENV) (takes minutes on a fresh machine)"
+	@echo "[phase] dependencies$(PHASE): creating $(VENV) (takes minutes on a fresh machine)"
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --no-cache-dir --upgrade pip || { echo "error: pip could not reach the package index (check network/proxy)"; exit 1; }
-	$(VPY) -m pip install -q --no-cache-dir -r requirements-cpu.txt || { echo "error: installing requirements-cpu.txt failed (see pip's message above; is the package index reachable?)"; exit 1; }
+	$(VPY) -m pip install -q --no-cache-dir -r $(REQS) || { echo "error: installing $(REQS) failed (see pip's message above; is the package index reachable?)"; exit 1; }
 	touch $@
 
 install: $(VENV)/.deps
-	@$(PY) tools/phase.py install $(PY) tools/fork.py install --venv $(VENV) --no-deps-check
+	@$(PY) tools/phase.py install$(PHASE) $(FORK) install --venv $(VENV) --no-deps-check
 
 # Every step of patches/series applies, imports and passes its own tests; then the
 # whole suite runs against the installed fork (the last step).
 test: install
-	@$(PY) tools/phase.py per-step-check $(PY) tools/fork.py check --each --jobs $(JOBS) --python $(VPY)
-	@$(PY) tools/phase.py suite $(VPY) -m pytest test/srt test/bench test/tools -q -p no:cacheprovider -n $(JOBS) --dist loadfile --no-loadscope-reorder
+	@$(PY) tools/phase.py per-step-check$(PHASE) $(FORK) check --each --jobs $(JOBS) --python $(VPY)
+	@$(PY) tools/phase.py suite$(PHASE) $(VPY) -m pytest $(SUITE) -q -p no:cacheprovider -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 demo: install
+	@if [ "$(BASE)" != "$(DEFAULT_BASE)" ]; then echo "error: the demo serves with --kv-sharing-fast-prefill, which is not ported to $(BASE) yet (bases/$(BASE)/STATUS.md); run it on $(DEFAULT_BASE): make demo"; exit 1; fi
 	$(VPY) scripts/demo.py
 
 check:
-	$(PY) tools/fork.py check
+	$(FORK) check
 
 export:
-	$(PY) tools/fork.py export build/export --force
+	$(FORK) export build/export$(if $(PHASE),-$(BASE)) --force
 
 clean:
-	rm -rf build $(VENV)
+	rm -rf build .venv .venv-*

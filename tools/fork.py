@@ -19,7 +19,12 @@ Patches are applied with git's own `git am` onto a git repository of the wheel's
 upstream's layout (python/sglang/...): exact context, line offsets tolerated, no fuzz, as a
 reviewer applies them.  Nothing here re-implements patching.
 
-Commands (python3 tools/fork.py CMD --help):
+Another upstream release is a base of its own, bases/VERSION/ (`--base VERSION`, before
+the command): its pinned wheel, requirements, series, cover letters and the few new
+modules that must differ there. Its series may not have every stack yet: tests of the
+missing stacks are left out of its check and counted.
+
+Commands (python3 tools/fork.py [--base VERSION] CMD --help):
   materialize DIR      the wheel's sglang/ as a git repo in DIR, one commit per step
   install              materialize into build/tree, build build/dist/sglang-V+local-*.whl,
                        pip install it into the venv (default .venv)
@@ -96,16 +101,35 @@ class ForkError(Exception):
 
 @dataclass
 class Fork:
-    """Where things are; tests point this at a temp repo / pin / cache."""
+    """Where things are; tests point this at a temp repo / pin / cache.
+
+    ``base`` picks the upstream release the series is built on: None (or the default
+    pin's version) is tools/upstream.json with patches/ and python/; another release
+    lives in bases/VERSION/ (upstream.json, patches/, requirements-cpu.txt, and python/
+    for the few new modules whose content differs there; the others are shared)."""
     root: Path = ROOT
     pin_path: Path | None = None
     cache_dir: Path | None = None
+    base: str | None = None
 
     def __post_init__(self):
         self.root = Path(self.root)
-        self.pin_path = Path(self.pin_path or self.root / "tools" / "upstream.json")
         self.cache_dir = Path(self.cache_dir or os.environ.get("SGLANG_FORK_CACHE")
                               or Path.home() / ".cache" / "sglang-fork")
+        default_pin = self.root / "tools" / "upstream.json"
+        if self.base is not None and default_pin.is_file() and \
+                self.base == json.loads(default_pin.read_text())["version"]:
+            self.base = None
+        if self.base is None:
+            self.base_dir = self.root
+            self.pin_path = Path(self.pin_path or default_pin)
+        else:
+            self.base_dir = self.root / "bases" / self.base
+            if not (self.base_dir / "upstream.json").is_file():
+                known = sorted(p.parent.name for p in (self.root / "bases").glob("*/upstream.json"))
+                raise ForkError(f"no base {self.base!r}: bases/{self.base}/upstream.json does "
+                                f"not exist (other bases: {', '.join(known) or 'none'})")
+            self.pin_path = Path(self.pin_path or self.base_dir / "upstream.json")
 
     @property
     def pin(self) -> dict:
@@ -113,7 +137,15 @@ class Fork:
 
     @property
     def patches_dir(self) -> Path:
-        return self.root / "patches"
+        return self.base_dir / "patches"
+
+    @property
+    def own_mirror(self) -> Path:
+        """Where this base's new modules live when they differ from the shared python/."""
+        return self.base_dir / "python"
+
+    def rel(self, path: Path) -> str:
+        return Path(path).relative_to(self.root).as_posix()
 
 
 # ----------------------------------------------------------------------------- wheel cache
@@ -211,6 +243,7 @@ class Step:
 
 def read_series(fork: Fork, need_files: bool = True) -> list[Step]:
     series = fork.patches_dir / "series"
+    pd = fork.rel(fork.patches_dir)
     if not series.exists():
         raise ForkError(f"{series} does not exist")
     steps: list[Step] = []
@@ -220,10 +253,10 @@ def read_series(fork: Fork, need_files: bool = True) -> list[Step]:
             continue
         m = STEP_RE.match(line)
         if not m:
-            raise ForkError(f"patches/series:{n}: {line!r} is not NN-stack/NNNN-name.patch")
+            raise ForkError(f"{pd}/series:{n}: {line!r} is not NN-stack/NNNN-name.patch")
         step = Step(line, f"{m[1]}-{m[2]}", m[2], m[4], fork.patches_dir / line)
         if need_files and not step.path.is_file():
-            raise ForkError(f"patches/series:{n} lists {line}, but patches/{line} does not exist")
+            raise ForkError(f"{pd}/series:{n} lists {line}, but {pd}/{line} does not exist")
         steps.append(step)
     seen_names: dict[str, str] = {}
     stack_order: list[str] = []
@@ -234,15 +267,15 @@ def read_series(fork: Fork, need_files: bool = True) -> list[Step]:
         if s.stack_dir not in stack_order:
             stack_order.append(s.stack_dir)
         elif stack_order[-1] != s.stack_dir:
-            raise ForkError(f"patches/series: {s.line} comes after another stack; a stack's "
+            raise ForkError(f"{pd}/series: {s.line} comes after another stack; a stack's "
                             "steps must be listed together")
     if stack_order != sorted(stack_order):
-        raise ForkError(f"patches/series: stacks must be listed in folder order: {stack_order}")
+        raise ForkError(f"{pd}/series: stacks must be listed in folder order: {stack_order}")
     listed = {s.line for s in steps}
     for p in sorted(fork.patches_dir.glob("*/*.patch")):
         rel = p.relative_to(fork.patches_dir).as_posix()
         if rel not in listed:
-            print(f"warning: patches/{rel} is not listed in patches/series (ignored)",
+            print(f"warning: {pd}/{rel} is not listed in {pd}/series (ignored)",
                   file=sys.stderr)
     return steps
 
@@ -353,11 +386,11 @@ def materialize(fork: Fork, dest: Path, key: str | None = None, force: bool = Fa
     if upto:  # stop before this step, to rework it (its patch may not exist yet)
         names = [s.line for s in steps] + [s.name for s in steps]
         if upto not in names:
-            raise ForkError(f"--upto {upto}: not a step of patches/series")
+            raise ForkError(f"--upto {upto}: not a step of {fork.rel(fork.patches_dir)}/series")
         steps = steps[:names.index(upto) % len(steps)]
         for s in steps:
             if not s.path.is_file():
-                raise ForkError(f"patches/series lists {s.line}, but patches/{s.line} "
+                raise ForkError(f"the series lists {s.line}, but {fork.rel(s.path)} "
                                 "does not exist")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
@@ -382,30 +415,45 @@ def materialize(fork: Fork, dest: Path, key: str | None = None, force: bool = Fa
     return Materialized(dest, wheel, steps, created)
 
 
-def mirror_files(fork: Fork) -> list[str]:
-    base = fork.root / "python"
+def mirror_files(fork: Fork, base: Path | None = None) -> list[str]:
+    """The files under ``base``/python (default: the shared python/), as python/... paths."""
+    base = (fork.root if base is None else base) / "python"
     if not base.is_dir():
         return []
-    return sorted(p.relative_to(fork.root).as_posix() for p in base.rglob("*")
+    return sorted(p.relative_to(base.parent).as_posix() for p in base.rglob("*")
                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
 
 
+def mirror_path(fork: Fork, rel: str) -> Path:
+    """Where the mirror of a new file ``rel`` (python/...) is: this base's own copy if it
+    has one, else the shared python/."""
+    own = fork.base_dir / rel
+    return own if fork.base is not None and own.is_file() else fork.root / rel
+
+
 def verify_mirror(fork: Fork, tree: Path, created: list[str]) -> None:
-    """python/ must hold exactly the files the series creates, at their final content."""
-    mirror = set(mirror_files(fork))
+    """python/ must hold exactly the files the series creates, at their final content.
+    Another base's series may create only some of them (a stack not ported there), and
+    holds its own copy of a module only where upstream's API makes it differ."""
+    shared = set(mirror_files(fork))
+    own = set(mirror_files(fork, fork.base_dir)) if fork.base is not None else set()
+    where = "python/" if fork.base is None else f"python/ or {fork.rel(fork.own_mirror)}/"
     problems = []
     for rel in created:
-        if rel not in mirror:
-            problems.append(f"{rel} is created by the series but missing from python/")
-        elif (fork.root / rel).read_bytes() != (tree / rel).read_bytes():
-            problems.append(f"{rel} differs from what the series creates")
-    for rel in sorted(mirror - set(created)):
-        problems.append(f"{rel} is in python/ but no step creates it")
+        if rel not in shared | own:
+            problems.append(f"{rel} is created by the series but missing from {where}")
+        elif mirror_path(fork, rel).read_bytes() != (tree / rel).read_bytes():
+            problems.append(f"{fork.rel(mirror_path(fork, rel))} differs from what the "
+                            "series creates")
+    unowned = (shared if fork.base is None else own) - set(created)
+    for rel in sorted(unowned):
+        problems.append(f"{rel} is in {fork.rel(fork.base_dir / 'python')}/ but no step "
+                        "creates it")
     if problems:
-        raise ForkError("python/ is not the series' new modules at their final content:\n  "
+        raise ForkError(f"{where} is not the series' new modules at their final content:\n  "
                         + "\n  ".join(problems) + "\nput the change into the step that "
                         "owns it (tools/fork.py materialize, git rebase -i, tools/fork.py "
-                        "import); import rewrites python/")
+                        "import); import rewrites the mirror")
 
 
 def import_tree(fork: Fork, tree: Path) -> list[str]:
@@ -415,8 +463,9 @@ def import_tree(fork: Fork, tree: Path) -> list[str]:
     steps = read_series(fork, need_files=False)
     commits = git(tree, "rev-list", "--reverse", f"{BASE_TAG}..HEAD").stdout.split()
     if len(commits) != len(steps):
-        raise ForkError(f"{tree} has {len(commits)} commits after {BASE_TAG}, patches/series "
-                        f"lists {len(steps)} steps: list a new step in patches/series first "
+        raise ForkError(f"{tree} has {len(commits)} commits after {BASE_TAG}, "
+                        f"{fork.rel(fork.patches_dir)}/series lists {len(steps)} steps: list a "
+                        "new step in the series first "
                         "(or remove a dropped one)")
     written = []
     for sha, s in zip(commits, steps):
@@ -428,11 +477,17 @@ def import_tree(fork: Fork, tree: Path) -> list[str]:
             written.append(s.line)
     created = sorted(p for p, st in changed_files(tree, f"{BASE_TAG}..HEAD").items()
                      if st == "A")
-    for rel in mirror_files(fork):
-        if rel not in created:
-            (fork.root / rel).unlink()
+    if fork.base is None:
+        for rel in mirror_files(fork):
+            if rel not in created:
+                (fork.root / rel).unlink()
+    else:  # another base: its own copy only where the module differs from the shared one
+        for rel in mirror_files(fork, fork.base_dir):
+            (fork.base_dir / rel).unlink()
+        created = [rel for rel in created if not (fork.root / rel).is_file()
+                   or (fork.root / rel).read_bytes() != (tree / rel).read_bytes()]
     for rel in created:
-        target = fork.root / rel
+        target = fork.base_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(tree / rel, target)
     return written
@@ -590,6 +645,29 @@ def validate_marks(tests: list[MarkedTest], steps: list[Step]) -> None:
             raise ForkError(f"{t.nodeid}: {t.step!r} is not a step of stack {t.stack!r}")
 
 
+def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
+                  ) -> tuple[list[MarkedTest], list[MarkedTest]]:
+    """(the tests this base's series runs, those of stacks it does not have yet).
+
+    The default base's series owns every test. On another base a stack may not be
+    ported yet (its tests are left out, and counted), and a step may be absent because
+    that release already has the fix or no longer needs it: its tests then run with
+    their stack's tests, where they must pass, as a regression check of upstream's code."""
+    if fork.base is None:
+        validate_marks(tests, steps)
+        return tests, []
+    stacks, names = {s.stack for s in steps}, {s.name for s in steps}
+    kept, unported = [], []
+    for t in tests:
+        if t.stack not in stacks:
+            unported.append(t)
+        elif t.step is not None and t.step not in names:
+            kept.append(MarkedTest(t.nodeid, t.stack))
+        else:
+            kept.append(t)
+    return kept, unported
+
+
 def python_modules(paths: list[str]) -> list[str]:
     """python/sglang/a/b.py -> sglang.a.b (packages by their __init__)."""
     mods = []
@@ -723,11 +801,15 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     if unmarked:
         raise ForkError("test files with no pytest.mark.stack (which stack do they test?): "
                         + ", ".join(unmarked))
-    validate_marks(tests, steps)
+    tests, unported = tests_of_base(fork, tests, steps)
+    if unported:
+        log(f"{len(unported)} tests belong to stacks not in {fork.rel(fork.patches_dir)}/series "
+            f"(not ported to sglang {fork.pin['version']}): "
+            + ", ".join(sorted({t.stack for t in unported})))
     last_of_stack = {st[-1].name for _, st in stacks_of(steps)}
     first_of_stack = {st[0].name for _, st in stacks_of(steps)}
     if start is not None and start not in {s.name for s in steps}:
-        raise ForkError(f"--from {start}: not a step of patches/series")
+        raise ForkError(f"--from {start}: not a step of {fork.rel(fork.patches_dir)}/series")
     jobs = max(1, jobs)
     with tempfile.TemporaryDirectory(prefix="fork-each-") as tmp:
         tree = Path(tmp) / "tree"
@@ -831,7 +913,7 @@ def export(fork: Fork, outdir: Path, force: bool = False) -> list[str]:
     for stack_dir, st in stacks_of(steps):
         letter = fork.patches_dir / stack_dir / "cover-letter.md"
         if not letter.is_file():
-            raise ForkError(f"patches/{stack_dir}/cover-letter.md is missing: each stack is "
+            raise ForkError(f"{fork.rel(letter)} is missing: each stack is "
                             "a pull request and needs its description")
         (outdir / stack_dir).mkdir()
         shutil.copy2(letter, outdir / stack_dir / "cover-letter.md")
@@ -889,6 +971,9 @@ def diffstat(fork: Fork) -> str:
 
 def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fork.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--base", metavar="VERSION",
+                    help="the upstream release to build on (default: tools/upstream.json's; "
+                         "others are in bases/)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("materialize", help="upstream wheel + series, one commit per step")
     p.add_argument("dir", type=Path)
@@ -916,8 +1001,8 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                    help="with --each: check N steps at once, each in a worktree of its own")
     sub.add_parser("diffstat", help="files and +/- lines per step")
     args = ap.parse_args(argv)
-    fork = fork or Fork()
     try:
+        fork = fork or Fork(base=args.base)
         if args.cmd == "materialize":
             materialize(fork, args.dir, force=args.force, upto=args.upto)
         elif args.cmd == "install":

@@ -96,10 +96,10 @@ def pristine_repo(path: Path) -> Path:
 def add_step(f, line, edit, subject, body="Why it is needed.", letter=True):
     """Author step `line` (NN-stack/NNNN-name.patch) the way a developer does: materialize,
     commit the edit, import."""
-    with open(f.root / "patches" / "series", "a") as s:
+    with open(f.patches_dir / "series", "a") as s:
         s.write(line + "\n")
     if letter:
-        d = f.root / "patches" / line.split("/")[0]
+        d = f.patches_dir / line.split("/")[0]
         d.mkdir(parents=True, exist_ok=True)
         (d / "cover-letter.md").write_text(f"# {line.split('/')[0]}\n")
     tree = f.root.parent / "edit"
@@ -260,6 +260,46 @@ def test_check_each_runs_each_steps_tests_on_its_tree(two_stacks):
         ("gemma-line-22", 1, []), ("yoco-module", 0, []),
         ("yoco-grows", 1, ["test/srt/test_yoco.py::test_y"])]
     assert lines[-1].startswith("ok 02-yoco/0002-yoco-grows.patch: 1 modules import, 1 tests")
+
+
+def second_base(env, version="0.5.99") -> "fork.Fork":
+    """bases/VERSION/ next to the default base (same fake wheel, its own empty series)."""
+    d = env.root / "bases" / version
+    (d / "patches").mkdir(parents=True)
+    (d / "patches" / "series").write_text("")
+    pin = {**env.pin, "version": version}
+    (d / "upstream.json").write_text(json.dumps(pin))
+    return fork.Fork(root=env.root, cache_dir=env.cache_dir, base=version)
+
+
+def test_a_second_base_ports_some_stacks_and_shares_the_modules(two_stacks, tmp_path):
+    env = two_stacks
+    assert fork.Fork(root=env.root, cache_dir=env.cache_dir, base="0.5.17").base is None
+    with pytest.raises(fork.ForkError, match=r"no base '9.9'.*other bases: none"):
+        fork.Fork(root=env.root, base="9.9")
+    other = second_base(env)
+    assert other.patches_dir == env.root / "bases/0.5.99/patches"
+    mark_step_and_stack_tests(env)
+    # one step, where the default base needed two: its module is the shared one
+    add_step(other, "02-yoco/0001-yoco-module.patch", write(YOCO, "X = 1\nY = X + 1\n"),
+             "feat(yoco): module")
+    assert not (other.own_mirror / "sglang").exists()
+    lines = []
+    reports = fork.check_each(other, log=lines.append)
+    # the fixes stack is not ported: its test is counted, not run; yoco-grows is not a
+    # step there (upstream has it), so its test runs with the stack and must pass
+    assert "1 tests belong to stacks not in bases/0.5.99/patches/series" in lines[0]
+    assert [(r.step.name, r.tests, r.proofs) for r in reports] == [("yoco-module", 1, [])]
+    # a module that has to differ on this base is its own copy; the shared one stays
+    add_step(other, "02-yoco/0002-yoco-differs.patch", write(YOCO, "X = 2\n"),
+             "feat(yoco): differs here")
+    assert (other.own_mirror / "sglang/srt/yoco.py").read_text() == "X = 2\n"
+    assert (env.root / YOCO).read_text() == "X = 1\nY = X + 1\n"
+    fork.materialize(other, tmp_path / "out")
+    fork.materialize(env, tmp_path / "default")
+    (other.own_mirror / "sglang/srt/stray.py").write_text("")
+    with pytest.raises(fork.ForkError, match="stray.py is in bases/0.5.99/python/ but no step"):
+        fork.materialize(other, tmp_path / "out2")
 
 
 def test_check_each_with_two_jobs_checks_each_step_on_its_own_tree(two_stacks):
