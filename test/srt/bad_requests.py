@@ -117,6 +117,21 @@ STOCK_CRASHES = {
 }
 
 
+def accepted_messages(path, body, expect) -> tuple:
+    """What the 400 may say: the fork's message, or on a /generate route whose body
+    SGLang types before anything else runs (0.5.23: the request model's validation,
+    then a schema gate), that check's type error for a string or float where a number
+    of another kind goes. Range errors pass those checks and get the fork's message."""
+    if path == "/generate":
+        try:
+            from sglang.srt.entrypoints.api_contract import generate_contract_error
+        except ImportError:  # 0.5.17: no schema gate
+            return (expect,)
+        gate = generate_contract_error(body)
+        return (expect, "invalid type:", "validation error") + ((gate,) if gate else ())
+    return (expect,)
+
+
 def error_message(resp) -> str:
     """The error text of a 400 answer, whichever of the server's shapes it has."""
     try:

@@ -23,7 +23,15 @@ import sys
 
 import pytest
 
-from cpu_engine import ENGINE_DEFAULTS, YOCO, HFReference, decisive_prompts, greedy_of, start_engine
+from cpu_engine import (
+    ENGINE_DEFAULTS,
+    YOCO,
+    HFReference,
+    decisive_prompts,
+    greedy_of,
+    server_arg_names,
+    start_engine,
+)
 from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,13 +92,11 @@ def serve(setup, return_logprob=True, **overrides):
 
 def mtp(setup, return_logprob=True, **extra):
     _, draft, _, _, _ = setup
-    from sglang.srt.server_args import ServerArgs
-
     # Stock's extend-kernel verify unless a test asks for the split-KV one (FROZEN_KV_MTP's
     # default from step split-kv-verify-default, whose resolution test_triton_split_kv_verify_args
     # covers): the tests that pass it cover the chain verify, and through the triton
     # interpreter a run with it takes about twice as long.
-    if "triton_attention_split_kv_verify" in ServerArgs.__dataclass_fields__:
+    if "triton_attention_split_kv_verify" in server_arg_names():
         extra.setdefault("triton_attention_split_kv_verify", False)
     tokens, verify = serve(setup, return_logprob, **mtp_kwargs(draft, 3), **extra)
     # the speculative path ran: every round verified, at least one token each

@@ -2,8 +2,8 @@
 process started with this folder on PYTHONPATH, the engine's scheduler included).
 
 The CPU test machine is neither CUDA nor SGLang's CPU backend (no sgl_kernel), so
-two stock modules pick no implementation for the speculative tree build, the greedy
-tree verify and the verify's cache slots. Stock ships Triton versions of all three
+stock modules (two on 0.5.17, three on 0.5.23) pick no implementation for the
+speculative tree build, the greedy tree verify and the verify's cache slots. Stock ships Triton versions of all three
 (the XPU path); this routes those gates there, and Triton's interpreter runs them.
 On a GPU the CUDA sgl_kernel ops run instead.
 """
@@ -16,6 +16,12 @@ if os.environ.get("SGLANG_TEST_MTP_CPU_SHIM") == "1":
 
     eagle_utils._is_xpu = True
     cache_locs._is_xpu = True
+    try:  # SGLang 0.5.23 moved the tree build's and greedy verify's gates here
+        from sglang.kernels.ops.speculative import spec_tree
+    except ImportError:
+        spec_tree = None
+    if spec_tree is not None:
+        spec_tree._is_xpu = True
 
 if os.environ.get("SGLANG_TEST_ONE_NODE_TAIL_LOG"):
     # Record each round the one-node greedy verify tail (step one-node-greedy-verify-tail) answered,
