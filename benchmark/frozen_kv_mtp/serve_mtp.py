@@ -141,7 +141,7 @@ def main():
     ap.add_argument("--variant", default="e4b")
     ap.add_argument("--modes", default="nospec,mtp,mtp-splitkv")
     ap.add_argument("--workloads", default="chat",
-                    help=f"of {', '.join(w[0] for w in WORKLOADS)}, chat-cN (N concurrent, as run.py's sweep)")
+                    help=f"of {', '.join(w[0] for w in WORKLOADS)}, chat-cN or summ-cN (N concurrent, as run.py's sweep)")
     ap.add_argument("--port", type=int, default=32000)
     ap.add_argument("--no-warmup", action="store_true", help="measure each server's first pass over a workload")
     # 16 never reaches batch 64, where the adaptive config switches to 0 steps: with 80 the

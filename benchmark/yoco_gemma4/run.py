@@ -55,10 +55,18 @@ WARMUP_PROMPTS = 16
 WARMUP_OUTPUT = 16
 
 
+# summ at fewer requests at a time than its 80 (the tails at 8 and 32 concurrent).
+SUMM_CONCURRENCY = (8, 32)
+
+
 def concurrency_workloads():
-    """chat with N requests at a time for each N in CONCURRENCY (chat-cN):
-    4 x N prompts, at least 8 and at most 80."""
-    return [(f"chat-c{c}", 1000, 1000, min(80, max(8, 4 * c)), c) for c in CONCURRENCY]
+    """A workload with N requests at a time (NAME-cN): chat for each N in CONCURRENCY,
+    summ for each N in SUMM_CONCURRENCY; 4 x N prompts, at least 8 and at most 80."""
+    def at(name, inp, outp, conc):
+        return (f"{name}-c{conc}", inp, outp, min(80, max(8, 4 * conc)), conc)
+
+    return ([at("chat", 1000, 1000, c) for c in CONCURRENCY]
+            + [at("summ", 8000, 1000, c) for c in SUMM_CONCURRENCY])
 
 
 def log(msg):
