@@ -16,7 +16,8 @@ else
 VENV := .venv-$(BASE)
 REQS := bases/$(BASE)/requirements-cpu.txt
 SUITE := test/srt
-PHASE := " ($(BASE))"
+empty :=
+PHASE := $(empty) ($(BASE))
 endif
 VPY := $(VENV)/bin/python
 FORK := $(PY) tools/fork.py --base $(BASE)
@@ -35,13 +36,13 @@ $(VENV)/.deps: $(REQS)
 	touch $@
 
 install: $(VENV)/.deps
-	@$(PY) tools/phase.py install$(PHASE) $(FORK) install --venv $(VENV) --no-deps-check
+	@$(PY) tools/phase.py "install$(PHASE)" $(FORK) install --venv $(VENV) --no-deps-check
 
 # Every step of patches/series applies, imports and passes its own tests; then the
 # whole suite runs against the installed fork (the last step).
 test: install
-	@$(PY) tools/phase.py per-step-check$(PHASE) $(FORK) check --each --jobs $(JOBS) --python $(VPY)
-	@$(PY) tools/phase.py suite$(PHASE) $(VPY) -m pytest $(SUITE) -q -p no:cacheprovider -n $(JOBS) --dist loadfile --no-loadscope-reorder
+	@$(PY) tools/phase.py "per-step-check$(PHASE)" $(FORK) check --each --jobs $(JOBS) --python $(VPY)
+	@$(PY) tools/phase.py "suite$(PHASE)" $(VPY) -m pytest $(SUITE) -q -p no:cacheprovider -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 demo: install
 	@if [ "$(BASE)" != "$(DEFAULT_BASE)" ]; then echo "error: the demo serves with --kv-sharing-fast-prefill, which is not ported to $(BASE) yet (bases/$(BASE)/STATUS.md); run it on $(DEFAULT_BASE): make demo"; exit 1; fi
