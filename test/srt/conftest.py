@@ -33,10 +33,11 @@ LONGEST_FIRST = (
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _not_ported() -> tuple[str, set[str]]:
+def _not_ported() -> tuple[str, set[str], set[str]]:
     """(the installed fork's upstream version, the tests of stacks its base's series does
-    not have). The default base's series has every stack; another base (bases/VERSION/)
-    may not have ported them all yet: their tests cannot run there, and are counted."""
+    not have, the files of the tests it runs). The default base's series has every stack;
+    another base (bases/VERSION/) may not have ported them all yet: their tests cannot
+    run there, and are counted."""
     version = importlib.metadata.version("sglang").split("+")[0]
     spec = importlib.util.spec_from_file_location("fork_tool", REPO / "tools" / "fork.py")
     fork = importlib.util.module_from_spec(spec)
@@ -45,14 +46,14 @@ def _not_ported() -> tuple[str, set[str]]:
     base = fork.Fork(base=version)
     # Porting a stack: SGLANG_FORK_RUN_UNPORTED=1 runs its tests anyway, to see what fails.
     if base.base is None or os.environ.get("SGLANG_FORK_RUN_UNPORTED") == "1":
-        return version, set()
+        return version, set(), set()
     tests, _ = fork.collect_marked_tests(base)
-    _, unported = fork.tests_of_base(base, tests, fork.read_series(base))
-    return version, {t.nodeid for t in unported}
+    kept, unported = fork.tests_of_base(base, tests, fork.read_series(base))
+    return version, {t.nodeid for t in unported}, {t.nodeid.split("::")[0] for t in kept}
 
 
-VERSION, NOT_PORTED = _not_ported()
-NOT_PORTED_FILES = {n.split("::")[0] for n in NOT_PORTED}
+VERSION, NOT_PORTED, PORTED_FILES = _not_ported()
+NOT_PORTED_FILES = {n.split("::")[0] for n in NOT_PORTED} - PORTED_FILES
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -62,19 +63,7 @@ def pytest_ignore_collect(collection_path, config):
         rel = collection_path.resolve().relative_to(REPO).as_posix()
     except ValueError:
         return None
-    if rel in NOT_PORTED_FILES and not any(
-            n.startswith(rel + "::") for n in _ported_nodeids(rel)):
-        return True
-    return None
-
-
-def _ported_nodeids(rel: str) -> list[str]:
-    import ast
-
-    names = [node.name for node in ast.parse((REPO / rel).read_text()).body
-             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-             and node.name.startswith(("test", "Test"))]
-    return [f"{rel}::{n}" for n in names if f"{rel}::{n}" not in NOT_PORTED]
+    return True if rel in NOT_PORTED_FILES else None
 
 
 def pytest_collection_modifyitems(session, config, items):
