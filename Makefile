@@ -39,9 +39,10 @@ install: $(VENV)/.deps
 	@$(PY) tools/phase.py "install$(PHASE)" $(FORK) install --venv $(VENV) --no-deps-check
 
 # Every step of patches/series applies, imports and passes its own tests; then the
-# whole suite runs against the installed fork (the last step).
+# whole suite runs against the installed fork, which is the last step's tree: the last
+# step's tests and its stack's run there once, not also in the per-step check.
 test: install
-	@$(PY) tools/phase.py "per-step-check$(PHASE)" $(FORK) check --each --jobs $(JOBS) --python $(VPY)
+	@$(PY) tools/phase.py "per-step-check$(PHASE)" $(FORK) check --each --last-stack-in-suite --jobs $(JOBS) --python $(VPY)
 	@$(PY) tools/phase.py "suite$(PHASE)" $(VPY) -m pytest $(SUITE) -q -p no:cacheprovider -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 demo: install

@@ -40,11 +40,14 @@ Tests name the step they belong to with a marker that `check --each` reads stati
     pytestmark = pytest.mark.stack("yoco-model")                    # the stack's last step
     @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")  # that step
     @pytest.mark.stack(..., fails_before=True)   # must fail before it (see below)
+    @pytest.mark.stack("yoco-model", suite_only=True)  # a soak: in the suite only
 A stack's name is its folder without the number; a step's name is its patch file's
 name without number and suffix.  Step tests run right after their step, stack tests
 after the stack's last step.  `fails_before` ones also run on the tree just before
 their step (a stack test: just before the stack's first step), where they must fail:
-a test that passes before its feature exists tests nothing.  Every test file of
+a test that passes before its feature exists tests nothing.  `suite_only` marks a soak
+of the whole fork (minutes of mixed load): no step's check runs it, the suite does, and
+its stack says on which bases it runs.  Every test file of
 test/srt carries a marker, so no product test goes unowned.
 
 Authoring (reworking any step, or adding one):
@@ -582,6 +585,7 @@ class MarkedTest:
     stack: str
     step: str | None = None  # None: after the stack's last step
     fails_before: bool = False
+    suite_only: bool = False  # a soak of the whole fork: not part of any step's check
 
 
 def _stack_mark(decorators) -> dict | None:
@@ -595,9 +599,12 @@ def _stack_mark(decorators) -> dict | None:
                     raise ForkError(f"pytest.mark.stack takes one literal stack name: "
                                     f"{ast.unparse(node)}")
                 kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-                bad = set(kw) - {"step", "fails_before"}
+                bad = set(kw) - {"step", "fails_before", "suite_only"}
                 if bad:
                     raise ForkError(f"pytest.mark.stack: unknown argument(s) {sorted(bad)}")
+                if kw.get("suite_only") and (kw.get("step") or kw.get("fails_before")):
+                    raise ForkError(f"pytest.mark.stack: a suite_only test is checked by no "
+                                    f"step, so it takes no step or fails_before: {ast.unparse(node)}")
                 return {"stack": node.args[0].value, **kw}
     return None
 
@@ -629,7 +636,8 @@ def collect_marked_tests(fork: Fork) -> tuple[list[MarkedTest], list[str]]:
                     continue
                 found = True
                 tests.append(MarkedTest(f"{rel}::{node.name}", mark["stack"], mark.get("step"),
-                                        bool(mark.get("fails_before", False))))
+                                        bool(mark.get("fails_before", False)),
+                                        bool(mark.get("suite_only", False))))
             if not found:
                 unmarked.append(rel)
     return tests, unmarked
@@ -781,7 +789,7 @@ def _run_job(fork: Fork, python: str, tree: Path, cwd: Path, job: _Job) -> tuple
 
 def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
                stack: str | None = None, start: str | None = None, jobs: int = 1,
-               log=print) -> list[StepReport]:
+               last_stack_in_suite: bool = False, log=print) -> list[StepReport]:
     """Every step is a working tree: applied in order with git am, each step's touched
     modules byte-compile and import from the tree, and its tests pass there (those
     marked fails_before also fail just before it).
@@ -791,7 +799,12 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     checking out the commit it needs. The steps' checks are independent of each other,
     and a test mostly keeps one core busy (Python, or the Triton interpreter); on a
     2-core machine two jobs each run about 30 % slower than one alone, so the whole
-    check takes about two thirds of the wall time of one job at a time."""
+    check takes about two thirds of the wall time of one job at a time.
+
+    ``last_stack_in_suite``: the last step's tree is the whole series, which the suite
+    runs next (``make test``) from the installed fork; the last step's own tests and its
+    stack's are left to it instead of running twice on the same code (its proofs still
+    run here, on the tree before it)."""
     python = os.path.abspath(python) if python else sys.executable
     steps = read_series(fork)
     problems = lint_series(steps)
@@ -828,13 +841,17 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
                 selected = run_tests and (stack is None or s.stack == stack)
                 own = [t.nodeid for t in tests if t.stack == s.stack and t.step == s.name]
                 of_stack = [t.nodeid for t in tests if t.stack == s.stack and t.step is None
-                            and s.name in last_of_stack]
+                            and s.name in last_of_stack and not t.suite_only]
                 # fails_before: a step test just before its step, a stack test just
                 # before its stack's first step.
                 proofs = [t.nodeid for t in tests if t.stack == s.stack and t.fails_before and (
                     t.step == s.name or (t.step is None and s.name in first_of_stack))]
                 if not selected:
                     own, of_stack, proofs = [], [], []
+                if last_stack_in_suite and s is steps[-1] and (own or of_stack):
+                    log(f"{len(own) + len(of_stack)} tests of {s.line} (its own and its "
+                        f"stack's) are left to the suite, which runs them on the same tree")
+                    own, of_stack = [], []
                 if jobs == 1:
                     plan.append(_Job(s, before, after, True, own + of_stack, proofs))
                 else:
@@ -999,6 +1016,9 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                    help="with --each: only apply the steps before STEP (to resume)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="with --each: check N steps at once, each in a worktree of its own")
+    p.add_argument("--last-stack-in-suite", action="store_true",
+                   help="with --each: leave the last step's tests and its stack's to the "
+                   "suite that runs next on the same tree (make test)")
     sub.add_parser("diffstat", help="files and +/- lines per step")
     args = ap.parse_args(argv)
     try:
@@ -1020,6 +1040,7 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
             t0 = time.monotonic()
             reports = check_each(fork, args.python, run_tests=not args.no_tests,
                                  stack=args.stack, start=args.start, jobs=args.jobs,
+                                 last_stack_in_suite=args.last_stack_in_suite,
                                  log=lambda m: print(m, flush=True))
             print(f"ok: all {len(reports)} steps apply, import and pass their tests "
                   f"({sum(r.tests for r in reports)} test selections, "

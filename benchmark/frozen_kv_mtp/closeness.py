@@ -88,7 +88,7 @@ def tiny_setup(root):
     """The CPU test suite's tiny target and a tiny assistant, and the engine settings and
     environment its FROZEN_KV_MTP engine tests use."""
     sys.path.insert(0, SRT_TESTS)
-    from cpu_engine import ENGINE_DEFAULTS
+    from cpu_engine import TRITON_ENGINE
     from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
 
     os.environ.update({
@@ -101,8 +101,7 @@ def tiny_setup(root):
     })
     target = make_tiny_gemma4(os.path.join(root, "tiny-target"))
     draft = write_assistant_checkpoint(os.path.join(root, "tiny-draft"), dict(TINY_TEXT_CONFIG))
-    base = dict(ENGINE_DEFAULTS, attention_backend="triton", disable_overlap_schedule=True, max_running_requests=8)
-    return target, draft, dict(TINY_TEXT_CONFIG), base
+    return target, draft, dict(TINY_TEXT_CONFIG), dict(TRITON_ENGINE)
 
 
 def mode_kwargs(mode, draft_dir, steps):

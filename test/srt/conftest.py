@@ -122,6 +122,6 @@ def pytest_configure(config):
     # Read statically by tools/fork.py check --each to run each test at its step.
     config.addinivalue_line(
         "markers",
-        "stack(name, step=None, fails_before=False): the PR stack (and step) that "
-        "introduces what the test covers",
+        "stack(name, step=None, fails_before=False, suite_only=False): the PR stack "
+        "(and step) that introduces what the test covers",
     )

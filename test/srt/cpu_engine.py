@@ -50,6 +50,15 @@ ENGINE_DEFAULTS = dict(
     random_seed=0,
 )
 
+# The triton backend run by Triton's interpreter (TRITON_INTERPRET=1 in the scheduler
+# process), as the FROZEN_KV_MTP engine tests and `closeness.py --tiny` serve: CPU
+# streams cannot record, so no overlap scheduling. Two KV splits, not the default 8: the
+# interpreter runs each (row, head, split) program of a decode or verify kernel in
+# Python, and most of 8 splits over these short prompts are empty; the runs take about
+# a third of the time, and the reduction over splits still runs.
+TRITON_ENGINE = dict(ENGINE_DEFAULTS, attention_backend="triton", disable_overlap_schedule=True,
+                     max_running_requests=8, triton_attention_num_kv_splits=2)
+
 # What a YOCO test adds: the tiny model's prompts are short, so the fast path
 # takes every pass (the defaults above pass no YOCO argument: they also start
 # the engine at steps of the series before the flag exists).

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from cpu_engine import (
-    ENGINE_DEFAULTS,
+    TRITON_ENGINE,
     YOCO,
     HFReference,
     decisive_prompts,
@@ -39,9 +39,6 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "yoco_gemma4"))
 from checkpoints import mtp_kwargs, write_assistant_checkpoint  # noqa: E402
 
 NEW_TOKENS = [4, 8, 12]  # per prompt: the batch shrinks 3 -> 2 -> 1
-# The CPU reference tests' engine, on the triton backend; CPU streams cannot record,
-# so no overlap scheduling.
-ENGINE = dict(ENGINE_DEFAULTS, attention_backend="triton", disable_overlap_schedule=True, max_running_requests=8)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +74,7 @@ def setup(tmp_path_factory):
 def serve(setup, return_logprob=True, **overrides):
     """Greedy tokens and verify-round counts of the prompts sent as one batch."""
     target, _, prompts, _, _ = setup
-    engine = start_engine(target, **{**ENGINE, **overrides})
+    engine = start_engine(target, **{**TRITON_ENGINE, **overrides})
     try:
         outs = engine.generate(
             input_ids=prompts,

@@ -260,6 +260,24 @@ def test_check_each_runs_each_steps_tests_on_its_tree(two_stacks):
         ("gemma-line-22", 1, []), ("yoco-module", 0, []),
         ("yoco-grows", 1, ["test/srt/test_yoco.py::test_y"])]
     assert lines[-1].startswith("ok 02-yoco/0002-yoco-grows.patch: 1 modules import, 1 tests")
+    # make test: the suite runs the whole series next, so the last step's tests are left
+    # to it; its proof still fails just before it
+    lines = []
+    reports = fork.check_each(env, last_stack_in_suite=True, log=lines.append)
+    assert [(r.step.name, r.tests, r.proofs) for r in reports] == [
+        ("gemma-line-22", 1, []), ("yoco-module", 0, []),
+        ("yoco-grows", 0, ["test/srt/test_yoco.py::test_y"])]
+    assert ("1 tests of 02-yoco/0002-yoco-grows.patch (its own and its stack's) are left to "
+            "the suite, which runs them on the same tree") in lines
+    # a soak runs in the suite only: no step's check runs it, even one that would fail
+    marked_test(env, "test_soak.py", "def test_soak():\n    assert False\n",
+                '"fixes", suite_only=True')
+    reports = fork.check_each(env, log=lambda m: None)
+    assert [r.tests for r in reports] == [1, 0, 1]
+    marked_test(env, "test_soak.py", "def test_soak():\n    pass\n",
+                '"fixes", step="gemma-line-22", suite_only=True')
+    with pytest.raises(fork.ForkError, match="suite_only test is checked by no step"):
+        fork.check_each(env, log=lambda m: None)
 
 
 def second_base(env, version="0.5.99") -> "fork.Fork":
