@@ -54,8 +54,8 @@ ENGINE_DEFAULTS = dict(
 # process), as the FROZEN_KV_MTP engine tests and `closeness.py --tiny` serve: CPU
 # streams cannot record, so no overlap scheduling. Two KV splits, not the default 8: the
 # interpreter runs each (row, head, split) program of a decode or verify kernel in
-# Python, and most of 8 splits over these short prompts are empty; the runs take about
-# a third of the time, and the reduction over splits still runs.
+# Python, and most of 8 splits over these short prompts are empty. The reduction over
+# splits still runs.
 TRITON_ENGINE = dict(ENGINE_DEFAULTS, attention_backend="triton", disable_overlap_schedule=True,
                      max_running_requests=8, triton_attention_num_kv_splits=2)
 
