@@ -361,6 +361,22 @@ def test_check_each_catches_an_import_of_a_later_step(env):
         fork.check_each(env, log=lambda m: None)
 
 
+def test_check_each_imports_a_tested_steps_modules_in_its_tests_process(two_stacks):
+    """A step with tests imports its touched modules in the tests' process (one sglang
+    import, not two); a module that does not import still fails as such, even where the
+    step's own test never imports it."""
+    env = two_stacks
+    marked_test(env, "test_grows.py", "def test_g():\n    pass\n", '"yoco", step="yoco-grows"')
+    reports = fork.check_each(env, log=lambda m: None)
+    assert [(r.step.name, r.imported, r.tests) for r in reports][-1] == ("yoco-grows", 1, 1)
+    add_step(env, "02-yoco/0003-broken.patch", write(YOCO, "import not_a_module_anywhere\n"),
+             "feat(yoco): broken import")
+    marked_test(env, "test_broken.py", "def test_b():\n    pass\n", '"yoco", step="broken"')
+    with pytest.raises(fork.ForkError, match="0003-broken.patch: a module it touches does "
+                                              "not import:(.|\n)*not_a_module_anywhere"):
+        fork.check_each(env, log=lambda m: None)
+
+
 def test_check_each_wants_every_test_file_marked(two_stacks):
     (two_stacks.root / "test/srt/test_orphan.py").write_text("def test_o():\n    pass\n")
     with pytest.raises(fork.ForkError, match="no pytest.mark.stack.*test_orphan.py"):
