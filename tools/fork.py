@@ -22,7 +22,8 @@ reviewer applies them.  Nothing here re-implements patching.
 Another upstream release is a base of its own, bases/VERSION/ (`--base VERSION`, before
 the command): its pinned wheel, requirements, series, cover letters and the few new
 modules that must differ there. Its series may not have every stack yet: tests of the
-missing stacks are left out of its check and counted.
+missing stacks are left out of its check and counted, as are tests marked for other
+releases only (`bases=`: they test upstream code this release does not have).
 
 Commands (python3 tools/fork.py [--base VERSION] CMD --help):
   materialize DIR      the wheel's sglang/ as a git repo in DIR, one commit per step
@@ -41,6 +42,7 @@ Tests name the step they belong to with a marker that `check --each` reads stati
     @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")  # that step
     @pytest.mark.stack(..., fails_before=True)   # must fail before it (see below)
     @pytest.mark.stack("yoco-model", suite_only=True)  # a soak: in the suite only
+    @pytest.mark.stack(..., bases=("0.5.23",))   # tests code only that release has
 A stack's name is its folder without the number; a step's name is its patch file's
 name without number and suffix.  Step tests run right after their step, stack tests
 after the stack's last step.  `fails_before` ones also run on the tree just before
@@ -586,6 +588,7 @@ class MarkedTest:
     step: str | None = None  # None: after the stack's last step
     fails_before: bool = False
     suite_only: bool = False  # a soak of the whole fork: not part of any step's check
+    bases: tuple[str, ...] | None = None  # the releases whose code it tests (None: all)
 
 
 def _stack_mark(decorators) -> dict | None:
@@ -599,9 +602,13 @@ def _stack_mark(decorators) -> dict | None:
                     raise ForkError(f"pytest.mark.stack takes one literal stack name: "
                                     f"{ast.unparse(node)}")
                 kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-                bad = set(kw) - {"step", "fails_before", "suite_only"}
+                bad = set(kw) - {"step", "fails_before", "suite_only", "bases"}
                 if bad:
                     raise ForkError(f"pytest.mark.stack: unknown argument(s) {sorted(bad)}")
+                if "bases" in kw and (not isinstance(kw["bases"], (tuple, list)) or not all(
+                        isinstance(b, str) for b in kw["bases"]) or not kw["bases"]):
+                    raise ForkError(f"pytest.mark.stack: bases is a tuple of release versions: "
+                                    f"{ast.unparse(node)}")
                 if kw.get("suite_only") and (kw.get("step") or kw.get("fails_before")):
                     raise ForkError(f"pytest.mark.stack: a suite_only test is checked by no "
                                     f"step, so it takes no step or fails_before: {ast.unparse(node)}")
@@ -637,7 +644,8 @@ def collect_marked_tests(fork: Fork) -> tuple[list[MarkedTest], list[str]]:
                 found = True
                 tests.append(MarkedTest(f"{rel}::{node.name}", mark["stack"], mark.get("step"),
                                         bool(mark.get("fails_before", False)),
-                                        bool(mark.get("suite_only", False))))
+                                        bool(mark.get("suite_only", False)),
+                                        tuple(mark["bases"]) if "bases" in mark else None))
             if not found:
                 unmarked.append(rel)
     return tests, unmarked
@@ -653,27 +661,58 @@ def validate_marks(tests: list[MarkedTest], steps: list[Step]) -> None:
             raise ForkError(f"{t.nodeid}: {t.step!r} is not a step of stack {t.stack!r}")
 
 
+def known_bases(fork: Fork) -> list[str]:
+    """The default base's release and those in bases/."""
+    default = Fork(root=fork.root, cache_dir=fork.cache_dir).pin["version"]
+    return [default] + sorted(p.parent.name for p in (fork.root / "bases").glob("*/upstream.json"))
+
+
 def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
                   ) -> tuple[list[MarkedTest], list[MarkedTest]]:
-    """(the tests this base's series runs, those of stacks it does not have yet).
+    """(the tests this base's series runs, those it leaves out, counted).
 
-    The default base's series owns every test. On another base a stack may not be
-    ported yet (its tests are left out, and counted), and a step may be absent because
-    that release already has the fix or no longer needs it: its tests then run with
-    their stack's tests, where they must pass, as a regression check of upstream's code."""
-    if fork.base is None:
-        validate_marks(tests, steps)
-        return tests, []
-    stacks, names = {s.stack for s in steps}, {s.name for s in steps}
-    kept, unported = [], []
+    A base leaves out the tests of a stack it has not ported yet, and a test whose
+    ``bases`` name other releases only (it tests upstream code this release does not
+    have, or a step only another base's series has). A step may also be absent from
+    another base because that release already has the fix or no longer needs it: its
+    tests then run with their stack's tests, where they must pass, as a regression check
+    of upstream's code. The default base's series has every stack and every step that
+    its tests name."""
+    version, bases = fork.pin["version"], known_bases(fork)
     for t in tests:
+        unknown = sorted(set(t.bases or ()) - set(bases))
+        if unknown:
+            raise ForkError(f"{t.nodeid}: bases={unknown} are not releases of this fork "
+                            f"({', '.join(bases)})")
+    here = [t for t in tests if t.bases is None or version in t.bases]
+    elsewhere = [t for t in tests if not (t.bases is None or version in t.bases)]
+    if fork.base is None:
+        validate_marks(here, steps)
+        return here, elsewhere
+    stacks, names = {s.stack for s in steps}, {s.name for s in steps}
+    kept, left_out = [], list(elsewhere)
+    for t in here:
         if t.stack not in stacks:
-            unported.append(t)
+            left_out.append(t)
         elif t.step is not None and t.step not in names:
             kept.append(MarkedTest(t.nodeid, t.stack))
         else:
             kept.append(t)
-    return kept, unported
+    return kept, left_out
+
+
+def left_out_why(fork: Fork, left_out: list[MarkedTest], steps: list[Step]) -> str:
+    """One line: how many tests this base leaves out, and why."""
+    version, stacks = fork.pin["version"], {s.stack for s in steps}
+    other = [t for t in left_out if t.bases is not None and version not in t.bases]
+    unported = sorted({t.stack for t in left_out if t not in other and t.stack not in stacks})
+    why = []
+    if unported:
+        why.append(f"of stacks not ported to sglang {version} yet: " + ", ".join(unported))
+    if other:
+        why.append(f"{len(other)} for other releases' code ("
+                   + ", ".join(sorted({"/".join(t.bases) for t in other})) + ")")
+    return f"{len(left_out)} tests left out, " + "; ".join(why)
 
 
 def python_modules(paths: list[str]) -> list[str]:
@@ -847,11 +886,9 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     if unmarked:
         raise ForkError("test files with no pytest.mark.stack (which stack do they test?): "
                         + ", ".join(unmarked))
-    tests, unported = tests_of_base(fork, tests, steps)
-    if unported:
-        log(f"{len(unported)} tests belong to stacks not in {fork.rel(fork.patches_dir)}/series "
-            f"(not ported to sglang {fork.pin['version']}): "
-            + ", ".join(sorted({t.stack for t in unported})))
+    tests, left_out = tests_of_base(fork, tests, steps)
+    if left_out:
+        log(left_out_why(fork, left_out, steps))
     last_of_stack = {st[-1].name for _, st in stacks_of(steps)}
     first_of_stack = {st[0].name for _, st in stacks_of(steps)}
     if start is not None and start not in {s.name for s in steps}:

@@ -33,11 +33,11 @@ LONGEST_FIRST = (
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _not_ported() -> tuple[str, set[str], set[str]]:
-    """(the installed fork's upstream version, the tests of stacks its base's series does
-    not have, the files of the tests it runs). The default base's series has every stack;
-    another base (bases/VERSION/) may not have ported them all yet: their tests cannot
-    run there, and are counted."""
+def _not_ported() -> tuple[str, set[str], set[str], str]:
+    """(the installed fork's upstream version, the tests its base's series leaves out, the
+    files of the tests it runs, why). A base leaves out the tests of stacks it has not
+    ported yet (bases/VERSION/ may not have them all) and those of steps only another
+    base's series has; they cannot run there, and are counted."""
     version = importlib.metadata.version("sglang").split("+")[0]
     spec = importlib.util.spec_from_file_location("fork_tool", REPO / "tools" / "fork.py")
     fork = importlib.util.module_from_spec(spec)
@@ -45,14 +45,17 @@ def _not_ported() -> tuple[str, set[str], set[str]]:
     spec.loader.exec_module(fork)
     base = fork.Fork(base=version)
     # Porting a stack: SGLANG_FORK_RUN_UNPORTED=1 runs its tests anyway, to see what fails.
-    if base.base is None or os.environ.get("SGLANG_FORK_RUN_UNPORTED") == "1":
-        return version, set(), set()
+    if os.environ.get("SGLANG_FORK_RUN_UNPORTED") == "1":
+        return version, set(), set(), ""
     tests, _ = fork.collect_marked_tests(base)
-    kept, unported = fork.tests_of_base(base, tests, fork.read_series(base))
-    return version, {t.nodeid for t in unported}, {t.nodeid.split("::")[0] for t in kept}
+    steps = fork.read_series(base)
+    kept, left_out = fork.tests_of_base(base, tests, steps)
+    why = fork.left_out_why(base, left_out, steps) if left_out else ""
+    return (version, {t.nodeid for t in left_out}, {t.nodeid.split("::")[0] for t in kept},
+            why)
 
 
-VERSION, NOT_PORTED, PORTED_FILES = _not_ported()
+VERSION, NOT_PORTED, PORTED_FILES, LEFT_OUT_WHY = _not_ported()
 NOT_PORTED_FILES = {n.split("::")[0] for n in NOT_PORTED} - PORTED_FILES
 
 
@@ -84,8 +87,8 @@ def pytest_terminal_summary(terminalreporter):
     if NOT_PORTED:
         files = sorted({n.split("::")[0] for n in NOT_PORTED})
         terminalreporter.write_line(
-            f"sglang {VERSION}: {len(NOT_PORTED)} tests in {len(files)} files left out, "
-            "their stacks are not ported to this base yet (tools/fork.py tests_of_base)")
+            f"sglang {VERSION}: {LEFT_OUT_WHY} ({len(files)} files; tools/fork.py "
+            "tests_of_base)")
     # A test's record_property("summary", ...) line (the soak test's counts) shows in
     # the run's log when the test passes, also from pytest-xdist workers, whose own
     # output never reaches the terminal.

@@ -306,7 +306,7 @@ def test_a_second_base_ports_some_stacks_and_shares_the_modules(two_stacks, tmp_
     reports = fork.check_each(other, log=lines.append)
     # the fixes stack is not ported: its test is counted, not run; yoco-grows is not a
     # step there (upstream has it), so its test runs with the stack and must pass
-    assert "1 tests belong to stacks not in bases/0.5.99/patches/series" in lines[0]
+    assert lines[0] == "1 tests left out, of stacks not ported to sglang 0.5.99 yet: fixes"
     assert [(r.step.name, r.tests, r.proofs) for r in reports] == [("yoco-module", 1, [])]
     # a module that has to differ on this base is its own copy; the shared one stays
     add_step(other, "02-yoco/0002-yoco-differs.patch", write(YOCO, "X = 2\n"),
@@ -318,6 +318,31 @@ def test_a_second_base_ports_some_stacks_and_shares_the_modules(two_stacks, tmp_
     (other.own_mirror / "sglang/srt/stray.py").write_text("")
     with pytest.raises(fork.ForkError, match="stray.py is in bases/0.5.99/python/ but no step"):
         fork.materialize(other, tmp_path / "out2")
+
+
+def test_a_test_of_one_release_runs_on_that_base_only(two_stacks):
+    """bases=: a test of upstream code only one release has (here a step only the second
+    base's series has) runs there, its proof included; the other base leaves it out and
+    counts it. A release that is no base is an error."""
+    env = two_stacks
+    other = second_base(env)
+    add_step(other, "02-yoco/0001-yoco-module.patch", write(YOCO, "X = 1\n"), "feat(yoco): module")
+    add_step(other, "02-yoco/0002-newer-fix.patch", write(YOCO, "X = 1\nZ = 3\n"),
+             "fix(yoco): code only the newer release has")
+    marked_test(env, "test_newer.py", "def test_z():\n    from sglang.srt import yoco\n"
+                "    assert yoco.Z == 3\n",
+                '"yoco", step="newer-fix", fails_before=True, bases=("0.5.99",)')
+    lines = []
+    reports = fork.check_each(env, log=lines.append)
+    assert lines[0] == "1 tests left out, 1 for other releases' code (0.5.99)"
+    assert sum(r.tests for r in reports) == 0 and not any(r.proofs for r in reports)
+    reports = fork.check_each(other, log=lambda m: None)
+    assert [(r.step.name, r.tests, r.proofs) for r in reports] == [
+        ("yoco-module", 0, []), ("newer-fix", 1, ["test/srt/test_newer.py::test_z"])]
+    marked_test(env, "test_newer.py", "def test_z():\n    pass\n", '"yoco", bases=("9.9",)')
+    with pytest.raises(fork.ForkError, match=r"bases=\['9.9'\] are not releases of this fork "
+                                              r"\(0.5.17, 0.5.99\)"):
+        fork.check_each(env, log=lambda m: None)
 
 
 def test_check_each_with_two_jobs_checks_each_step_on_its_own_tree(two_stacks):
