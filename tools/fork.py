@@ -733,39 +733,35 @@ for path in sys.argv[1:]:
     with open(path, encoding="utf-8") as f:
         compile(f.read(), path, "exec", dont_inherit=True)
 """
+# Imports a step's touched modules (argv). With "--" and pytest's arguments after them, it
+# does so in the process that runs the step's tests, once the tests' conftest has run, so
+# the check starts Python and imports sglang (about 20 s of CPU) once for the step, not
+# twice; a failed import then exits with IMPORT_FAILED.
+IMPORT_FAILED = 90
 IMPORT_PROBE = """\
 import importlib, sys, traceback
-bad = 0
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-    except Exception:
-        bad += 1
-        print(f"import {name} failed:", file=sys.stderr)
-        traceback.print_exc()
-sys.exit(1 if bad else 0)
-"""
-# A step with tests imports its touched modules in the process that runs them, once the
-# tests' conftest has run, so the check starts Python and imports sglang (about 20 s of
-# CPU) once for the step, not twice. argv: module names, "--", pytest's arguments.
-IMPORT_FAILED = 90
-PYTEST_IMPORTING_FIRST = """\
-import importlib, sys, traceback
+
+def import_all(names):
+    bad = 0
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            bad += 1
+            print(f"import {name} failed:", file=sys.stderr)
+            traceback.print_exc()
+    return bad
+
+if "--" not in sys.argv:
+    sys.exit(1 if import_all(sys.argv[1:]) else 0)
+
 import pytest
 cut = sys.argv.index("--")
 names, args = sys.argv[1:cut], sys.argv[cut + 1:]
 
 class ImportTouched:
     def pytest_sessionstart(self, session):
-        bad = 0
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except Exception:
-                bad += 1
-                print(f"import {name} failed:", file=sys.stderr)
-                traceback.print_exc()
-        if bad:
+        if import_all(names):
             pytest.exit("a module the step touches does not import", returncode=%d)
 
 sys.exit(pytest.main(args, plugins=[ImportTouched()]))
@@ -806,7 +802,7 @@ def _pytest(fork: Fork, python: str, tree: Path, nodeids: list[str],
             import_first: list[str] | None = None) -> subprocess.CompletedProcess:
     args = ["-q", "-p", "no:cacheprovider", "-x", *nodeids]
     if import_first:
-        cmd = [python, "-c", PYTEST_IMPORTING_FIRST, *import_first, "--", *args]
+        cmd = [python, "-c", IMPORT_PROBE, *import_first, "--", *args]
     else:
         cmd = [python, "-m", "pytest", *args]
     return subprocess.run(cmd, cwd=fork.root, env=_tree_env(tree), capture_output=True,

@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 def _not_ported() -> tuple[str, set[str], set[str], str]:
     """(the installed fork's upstream version, the tests its base's series leaves out, the
     files of the tests it runs, why). A base leaves out the tests of stacks it has not
-    ported yet (bases/VERSION/ may not have them all) and those of steps only another
-    base's series has; they cannot run there, and are counted."""
+    ported yet (bases/VERSION/ may not have them all) and those marked for other
+    releases' code only (bases=); they cannot run there, and are counted."""
     version = importlib.metadata.version("sglang").split("+")[0]
     spec = importlib.util.spec_from_file_location("fork_tool", REPO / "tools" / "fork.py")
     fork = importlib.util.module_from_spec(spec)
