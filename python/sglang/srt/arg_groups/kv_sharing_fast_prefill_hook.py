@@ -8,17 +8,18 @@ prefill only the last token of each request has to pass through those layers
 whether the configuration allows it and rejects the rest with a message that
 names the offending setting.
 
-Called from ``ServerArgs.__post_init__`` right after
-``handle_speculative_decoding`` (speculative aliases resolved) and before
-``materialize_declarations``, so declared fields are read through
-``resolved_view``.
+Runs right after ``handle_speculative_decoding`` (speculative aliases
+resolved). It reads and decides settings only through
+``kv_sharing_fast_prefill_settings``, which holds what differs between
+releases' server-argument resolution.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+
+from sglang.srt.arg_groups import kv_sharing_fast_prefill_settings as settings
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -56,13 +57,8 @@ ALLOWED_CPU_ATTENTION_BACKENDS = ("torch_native",)
 
 
 def _cp_enabled(view: Any) -> bool:
-    return (
-        (view.attn_cp_size or 1) > 1
-        or bool(view.enable_prefill_cp)
-        # Legacy aliases; _handle_legacy_cp_arguments normally mirrors them
-        # into enable_prefill_cp already.
-        or bool(view.enable_prefill_context_parallel)
-        or bool(view.enable_dsa_prefill_context_parallel)
+    return (view.attn_cp_size or 1) > 1 or any(
+        bool(getattr(view, name)) for name in settings.PREFILL_CP_SETTINGS
     )
 
 
@@ -84,12 +80,7 @@ UNSUPPORTED_FEATURES: List[Tuple[str, Tuple[str, ...], Callable[[Any], bool], st
     ),
     (
         "context parallelism",
-        (
-            "attn_cp_size",
-            "enable_prefill_cp",
-            "enable_prefill_context_parallel",
-            "enable_dsa_prefill_context_parallel",
-        ),
+        ("attn_cp_size",) + settings.PREFILL_CP_SETTINGS,
         _cp_enabled,
         "use --attn-cp-size 1 without --enable-prefill-cp",
     ),
@@ -116,7 +107,7 @@ UNSUPPORTED_FEATURES: List[Tuple[str, Tuple[str, ...], Callable[[Any], bool], st
 
 def _check_model(server_args: ServerArgs) -> Tuple[int, int]:
     """(first KV-shared layer, num_hidden_layers); rejects models without any."""
-    model_config = server_args.get_model_config()
+    model_config = settings.model_config(server_args)
     architectures = list(getattr(model_config.hf_config, "architectures", None) or [])
     text_config = model_config.hf_text_config
     num_shared = getattr(text_config, "num_kv_shared_layers", None) or 0
@@ -125,7 +116,7 @@ def _check_model(server_args: ServerArgs) -> Tuple[int, int]:
     if not is_gemma4 or num_shared <= 0 or num_shared >= num_layers:
         raise ValueError(
             f"{FLAG} needs a Gemma-4 model with KV-shared layers (E2B/E4B), but "
-            f"{server_args.model_path} has architecture "
+            f"{settings.view(server_args).model_path} has architecture "
             f"{', '.join(architectures) or 'unknown'} with "
             f"num_kv_shared_layers={num_shared} (num_hidden_layers={num_layers}). "
             f"Drop {FLAG} for this model."
@@ -146,15 +137,16 @@ def _check_speculative(algorithm: Optional[str]) -> None:
 
 
 def _check_attention_backends(server_args: ServerArgs) -> None:
+    device = settings.view(server_args).device
     allowed = ALLOWED_ATTENTION_BACKENDS
-    if server_args.device == "cpu":
+    if device == "cpu":
         allowed = allowed + ALLOWED_CPU_ATTENTION_BACKENDS
-    prefill, decode = server_args._resolved_attention_backends()
+    prefill, decode = settings.attention_backends(server_args)
     for phase, backend in (("prefill", prefill), ("decode", decode)):
         if backend not in allowed:
             raise ValueError(
                 f"{FLAG} does not support the {phase} attention backend "
-                f"{backend!r} on device {server_args.device!r} (supported: "
+                f"{backend!r} on device {device!r} (supported: "
                 f"{', '.join(allowed)}). Set --attention-backend (or "
                 f"--{phase}-attention-backend) to one of those, or drop {FLAG}."
             )
@@ -174,12 +166,15 @@ def _check_attention_backends(server_args: ServerArgs) -> None:
 
 
 def _check_unsupported_features(server_args: ServerArgs, view: Any) -> None:
-    defaults = {f.name: f.default for f in dataclasses.fields(server_args)}
-    for feature, settings, is_on, instead in UNSUPPORTED_FEATURES:
+    for feature, names, is_on, instead in UNSUPPORTED_FEATURES:
         if is_on(view):
             # Name the settings that differ from their defaults.
-            changed = [n for n in settings if getattr(view, n) != defaults.get(n)]
-            got = ", ".join(f"{n}={getattr(view, n)!r}" for n in changed or settings)
+            changed = [
+                n
+                for n in names
+                if getattr(view, n) != settings.field_default(server_args, n)
+            ]
+            got = ", ".join(f"{n}={getattr(view, n)!r}" for n in changed or names)
             raise ValueError(
                 f"{FLAG} does not support {feature} yet (got {got}): "
                 f"{instead}, or drop {FLAG}."
@@ -195,13 +190,13 @@ def _cap_breakable_prefill_graph(server_args: ServerArgs, min_tokens: int) -> bo
     the fast path applies. False when no capture size is left below it."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
 
-    cfg = server_args.cuda_graph_config.prefill
+    cfg = settings.cuda_graph_config(server_args).prefill
     if cfg.backend != Backend.BREAKABLE or min_tokens <= 0:
         return False
     sizes = cfg.bs
     if sizes is None:
-        sizes = server_args._generate_prefill_cuda_graph_batch_sizes(
-            cfg.max_bs or server_args.chunked_prefill_size
+        sizes = settings.prefill_capture_sizes(
+            server_args, cfg.max_bs or settings.view(server_args).chunked_prefill_size
         )
     kept = sorted(s for s in sizes if s < min_tokens)
     if not kept:
@@ -223,8 +218,7 @@ def _cap_breakable_prefill_graph(server_args: ServerArgs, min_tokens: int) -> bo
             FLAG,
             min_tokens,
         )
-    cfg.bs = kept
-    cfg.max_bs = kept[-1]
+    settings.decide_prefill_cuda_graph(server_args, bs=kept, max_bs=kept[-1])
     return True
 
 
@@ -235,7 +229,7 @@ def _handle_prefill_cuda_graph(server_args: ServerArgs, min_tokens: int) -> None
     for the passes below the threshold; any other one is turned off."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
 
-    backend = server_args.cuda_graph_config.prefill.backend
+    backend = settings.cuda_graph_config(server_args).prefill.backend
     if backend == Backend.DISABLED:
         return
     if _cap_breakable_prefill_graph(server_args, min_tokens):
@@ -258,7 +252,7 @@ def _handle_prefill_cuda_graph(server_args: ServerArgs, min_tokens: int) -> None
         backend,
         FLAG,
     )
-    server_args.cuda_graph_config.prefill.backend = Backend.DISABLED
+    settings.decide_prefill_cuda_graph(server_args, backend=Backend.DISABLED)
 
 
 def back_half_graph_skip_reason(server_args: ServerArgs) -> Optional[str]:
@@ -268,19 +262,20 @@ def back_half_graph_skip_reason(server_args: ServerArgs) -> Optional[str]:
     from sglang.srt.environ import envs
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
+    view = settings.view(server_args)
     if not envs.SGLANG_KV_SHARING_FAST_PREFILL_GRAPH.get():
         return "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
-    if server_args.device != "cuda":
-        return f"device {server_args.device}"
-    if server_args.cuda_graph_config.decode.backend == Backend.DISABLED:
+    if view.device != "cuda":
+        return f"device {view.device}"
+    if settings.cuda_graph_config(server_args).decode.backend == Backend.DISABLED:
         return "decode CUDA graphs are off"
-    backend, _ = server_args._resolved_attention_backends()
+    backend, _ = settings.attention_backends(server_args)
     if backend != "triton":
         return f"attention backend {backend} (triton only)"
-    if server_args.enable_deterministic_inference:
+    if view.enable_deterministic_inference:
         # The back half is extend-shaped there (rounds exactly as the pass).
         return "--enable-deterministic-inference"
-    if (server_args.dcp_size or 1) > 1:
+    if (view.dcp_size or 1) > 1:
         return "decode context parallelism"
     return None
 
@@ -310,9 +305,7 @@ def _resolve_min_tokens(server_args: ServerArgs, min_tokens: Optional[int]):
 def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     """Validate --kv-sharing-fast-prefill and resolve its min-tokens; may cap or
     turn off the prefill graph."""
-    from sglang.srt.arg_groups.overrides import resolved_view
-
-    view = resolved_view(server_args)
+    view = settings.view(server_args)
     if not view.kv_sharing_fast_prefill:
         return
 
@@ -330,7 +323,7 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     configured = min_tokens
     min_tokens, why = _resolve_min_tokens(server_args, min_tokens)
     if min_tokens != configured:
-        server_args.kv_sharing_fast_prefill_min_tokens = min_tokens
+        settings.decide_min_tokens(server_args, min_tokens)
 
     logger.info(
         "KV-sharing fast prefill (YOCO) on: first KV-shared layer %d of %d; "
