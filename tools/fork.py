@@ -436,10 +436,42 @@ def mirror_path(fork: Fork, rel: str) -> Path:
     return own if fork.base is not None and own.is_file() else fork.root / rel
 
 
+def shared_at_ported_stacks(fork: Fork, rel: str) -> bytes | None:
+    """A shared new module as the default series leaves it after the stacks this base's
+    series has: a base that has not ported a later stack that edits the module needs no
+    copy of its earlier content. None when the default series does not create it."""
+    default = Fork(root=fork.root, cache_dir=fork.cache_dir)
+    ported = {s.stack_dir for s in read_series(fork, need_files=False)}
+    steps = read_series(default)
+    if all(s.stack_dir in ported for s in steps):
+        shared = fork.root / rel
+        return shared.read_bytes() if shared.is_file() else None
+    with tempfile.TemporaryDirectory(prefix="staged-mirror-") as tmp:
+        git(Path(tmp), "init", "-q")
+        for s in steps:
+            if s.stack_dir in ported:  # a patch not touching rel applies as a no-op
+                git(Path(tmp), "apply", f"--include={rel}", str(s.path))
+        out = Path(tmp) / rel
+        return out.read_bytes() if out.is_file() else None
+
+
+def expected_mirror(fork: Fork, rel: str) -> tuple[str, bytes | None]:
+    """(where, content) a new module ``rel`` must have at the end of this base's series:
+    the base's own copy if it has one, else the shared module at its ported stacks."""
+    own = fork.base_dir / rel
+    if fork.base is not None and own.is_file():
+        return fork.rel(own), own.read_bytes()
+    if fork.base is None:
+        shared = fork.root / rel
+        return rel, shared.read_bytes() if shared.is_file() else None
+    return f"{rel} (at the ported stacks)", shared_at_ported_stacks(fork, rel)
+
+
 def verify_mirror(fork: Fork, tree: Path, created: list[str]) -> None:
     """python/ must hold exactly the files the series creates, at their final content.
-    Another base's series may create only some of them (a stack not ported there), and
-    holds its own copy of a module only where upstream's API makes it differ."""
+    Another base's series may create only some of them (a stack not ported there), or
+    leave a module where the default series has it at the same stacks; it holds its own
+    copy of a module only where upstream's API makes it differ."""
     shared = set(mirror_files(fork))
     own = set(mirror_files(fork, fork.base_dir)) if fork.base is not None else set()
     where = "python/" if fork.base is None else f"python/ or {fork.rel(fork.own_mirror)}/"
@@ -447,9 +479,10 @@ def verify_mirror(fork: Fork, tree: Path, created: list[str]) -> None:
     for rel in created:
         if rel not in shared | own:
             problems.append(f"{rel} is created by the series but missing from {where}")
-        elif mirror_path(fork, rel).read_bytes() != (tree / rel).read_bytes():
-            problems.append(f"{fork.rel(mirror_path(fork, rel))} differs from what the "
-                            "series creates")
+            continue
+        path, content = expected_mirror(fork, rel)
+        if content != (tree / rel).read_bytes():
+            problems.append(f"{path} differs from what the series creates")
     unowned = (shared if fork.base is None else own) - set(created)
     for rel in sorted(unowned):
         problems.append(f"{rel} is in {fork.rel(fork.base_dir / 'python')}/ but no step "
@@ -489,8 +522,8 @@ def import_tree(fork: Fork, tree: Path) -> list[str]:
     else:  # another base: its own copy only where the module differs from the shared one
         for rel in mirror_files(fork, fork.base_dir):
             (fork.base_dir / rel).unlink()
-        created = [rel for rel in created if not (fork.root / rel).is_file()
-                   or (fork.root / rel).read_bytes() != (tree / rel).read_bytes()]
+        created = [rel for rel in created
+                   if expected_mirror(fork, rel)[1] != (tree / rel).read_bytes()]
     for rel in created:
         target = fork.base_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,16 @@ import logging
 
 import pytest
 
+from resolved_server_args import (
+    attention_backends,
+    build,
+    from_cli,
+    model_config,
+    published,
+    resolved,
+    with_fields,
+    with_model_config,
+)
 from tiny_gemma4 import TINY_TEXT_CONFIG
 
 pytestmark = pytest.mark.stack("yoco-flag", step="kv-sharing-fast-prefill-arg")
@@ -160,11 +170,9 @@ BASE_KWARGS = dict(
 
 def server_args(model_path, **overrides):
     """ServerArgs as sglang.Engine(model_path=..., **kwargs) builds them."""
-    from sglang.srt.server_args import ServerArgs
-
     kwargs = dict(BASE_KWARGS, model_path=model_path)
     kwargs.update(overrides)
-    return ServerArgs(**kwargs)
+    return build(**kwargs)
 
 
 def cli_parser():
@@ -176,9 +184,7 @@ def cli_parser():
 
 
 def server_args_from_cli(argv):
-    from sglang.srt.server_args import ServerArgs
-
-    return ServerArgs.from_cli_args(cli_parser().parse_args(argv))
+    return from_cli(cli_parser().parse_args(argv))
 
 
 def reject(fn, *args, **kwargs) -> str:
@@ -187,27 +193,19 @@ def reject(fn, *args, **kwargs) -> str:
     return str(info.value)
 
 
-def with_fields(resolved, **fields):
-    """A copy of a resolved ServerArgs with `fields` set, for settings that
-    ServerArgs on a CPU-only machine rejects before the hooks run."""
-    args = copy.copy(resolved)
-    args._resolved_overrides = []  # fields are materialized; start a fresh stash
-    object.__setattr__(
-        args, "cuda_graph_config", copy.deepcopy(resolved.cuda_graph_config)
-    )
-    args.override("test", **fields)
-    return args
-
-
-def run_hook(resolved, **fields):
-    """Run the hook on with_fields(resolved, **fields)."""
+def run_hook(args, **fields):
+    """Run the hook on with_fields(args, **fields)."""
     from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
         handle_kv_sharing_fast_prefill,
     )
 
-    args = with_fields(resolved, **fields)
+    args = with_fields(args, **fields)
     handle_kv_sharing_fast_prefill(args)
     return args
+
+
+def prefill_graph(args):
+    return resolved(args, "cuda_graph_config").prefill
 
 
 @pytest.fixture
@@ -222,26 +220,26 @@ def e4b_resolved(model):
 def test_default_is_off(model):
     from sglang.srt.server_args import ServerArgs
 
-    assert ServerArgs.__dataclass_fields__["kv_sharing_fast_prefill"].default is False
+    assert ServerArgs(model_path="dummy").kv_sharing_fast_prefill is False
     kwargs = dict(BASE_KWARGS)
     del kwargs["kv_sharing_fast_prefill"]
-    args = ServerArgs(model_path=model("E4B"), **kwargs)
-    assert args.kv_sharing_fast_prefill is False
+    args = build(model_path=model("E4B"), **kwargs)
+    assert resolved(args, "kv_sharing_fast_prefill") is False
     argv = ["--model-path", model("E4B"), "--device", "cpu"]
     argv += ["--attention-backend", "torch_native"]
-    assert server_args_from_cli(argv).kv_sharing_fast_prefill is False
+    assert resolved(server_args_from_cli(argv), "kv_sharing_fast_prefill") is False
 
 
 def test_off_skips_every_check(model):
     # 26B-A4B has no KV-shared layers; without the flag nothing is checked.
     args = server_args(model("26B-A4B"), kv_sharing_fast_prefill=False, pp_size=2)
-    assert args.kv_sharing_fast_prefill is False
+    assert resolved(args, "kv_sharing_fast_prefill") is False
 
 
 def test_cli_round_trip(model):
     argv = ["--model-path", model("E4B"), "--device", "cpu"]
     argv += ["--attention-backend", "torch_native", FLAG]
-    assert server_args_from_cli(argv).kv_sharing_fast_prefill is True
+    assert resolved(server_args_from_cli(argv), "kv_sharing_fast_prefill") is True
 
 
 def test_help_mentions_flag():
@@ -254,26 +252,24 @@ def test_help_mentions_flag():
 @pytest.mark.parametrize("on", [False, True])
 def test_model_reads_flag_from_exec_features(model, on):
     # The model branch reads get_exec().features.kv_sharing_fast_prefill.
-    from sglang.srt.runtime_context import get_context, get_exec
+    from sglang.srt.runtime_context import get_exec
 
     args = server_args(model("E4B"), kv_sharing_fast_prefill=on)
-    with get_context().preserve_config():
-        get_context().set_server_args(args)
+    with published(args):
         assert get_exec().features.kv_sharing_fast_prefill is on
 
 
 def test_min_tokens_default_cli_and_exec_features(model):
-    from sglang.srt.runtime_context import get_context, get_exec
+    from sglang.srt.runtime_context import get_exec
     from sglang.srt.server_args import ServerArgs
 
     # unset: resolved once at start-up, by the hook
-    assert ServerArgs.__dataclass_fields__["kv_sharing_fast_prefill_min_tokens"].default is None
+    assert ServerArgs(model_path="dummy").kv_sharing_fast_prefill_min_tokens is None
     argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "torch_native"]
     argv += [FLAG, "--kv-sharing-fast-prefill-min-tokens", "0"]
     args = server_args_from_cli(argv)
-    assert args.kv_sharing_fast_prefill_min_tokens == 0
-    with get_context().preserve_config():
-        get_context().set_server_args(args)
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 0
+    with published(args):
         assert get_exec().features.kv_sharing_fast_prefill_min_tokens == 0
 
 
@@ -290,9 +286,9 @@ CLI_VS_KWARGS = {
         {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "E4B"},
         ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "E4B"],
     ),
-    "pinned tc_piecewise prefill graph rejected": (
-        {"attention_backend": "triton", "cuda_graph_backend_prefill": "tc_piecewise"},
-        ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "tc_piecewise"],
+    "pinned full prefill graph rejected": (
+        {"attention_backend": "triton", "cuda_graph_backend_prefill": "full"},
+        ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "full"],
     ),
     "pinned breakable prefill graph accepted": (
         {"attention_backend": "triton", "cuda_graph_backend_prefill": "breakable"},
@@ -316,8 +312,8 @@ def test_cli_and_engine_kwargs_decide_alike(model, case):
             args = build()
         except ValueError as e:
             return ("rejected", str(e))
-        graph = args.cuda_graph_config.prefill
-        return ("accepted", args.kv_sharing_fast_prefill, graph.backend, graph.bs)
+        graph = prefill_graph(args)
+        return ("accepted", resolved(args, "kv_sharing_fast_prefill"), graph.backend, graph.bs)
 
     from_kwargs = outcome(lambda: server_args(path, **kwargs))
     from_cli = outcome(lambda: server_args_from_cli(argv))
@@ -336,11 +332,11 @@ def test_gemma4_with_kv_shared_layers_accepted(
 ):
     with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
         args = server_args(model(variant))
-    assert args.kv_sharing_fast_prefill is True
+    assert resolved(args, "kv_sharing_fast_prefill") is True
     lines = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
     assert len(lines) == 1
     # min-tokens unset: resolved once, here, with the reason in the line
-    assert args.kv_sharing_fast_prefill_min_tokens == 4096
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
     assert lines[0].startswith(
         f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
         f"of {num_layers}; prefill passes of >= 4096 new tokens (unset: "
@@ -361,13 +357,13 @@ def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(
     model, caplog, monkeypatch
 ):
     from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
-    from sglang.srt.runtime_context import get_context, get_exec
+    from sglang.srt.runtime_context import get_exec
 
     # on this CPU-only machine the back half runs eager: the default stays
     with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
         args = server_args(model("E4B"))
     (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
-    assert args.kv_sharing_fast_prefill_min_tokens == 4096
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
     assert "(unset: the back half runs eager (device cpu), and smaller" in line
     # where start-up captures the back half (and no prefill graph runs): 0
     monkeypatch.setattr(hook, "back_half_graph_skip_reason", lambda server_args: None)
@@ -375,13 +371,13 @@ def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(
     with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
         args = server_args(model("E4B"))
     (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
-    assert args.kv_sharing_fast_prefill_min_tokens == 0
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 0
     assert "passes of >= 0 new tokens (unset: the back half replays CUDA graphs)" in line
-    with get_context().preserve_config():
-        get_context().set_server_args(args)  # what the model reads
+    with published(args):  # what the model reads
         assert get_exec().features.kv_sharing_fast_prefill_min_tokens == 0
     # set explicitly: kept
-    assert server_args(model("E4B"), kv_sharing_fast_prefill_min_tokens=64).kv_sharing_fast_prefill_min_tokens == 64
+    args = server_args(model("E4B"), kv_sharing_fast_prefill_min_tokens=64)
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 64
 
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
@@ -446,11 +442,10 @@ def test_multimodal_gemma4_architectures_accepted(e4b_resolved):
         "Gemma4ForConditionalGeneration",
         "Gemma4UnifiedForConditionalGeneration",
     ):
-        args = copy.copy(e4b_resolved)
-        model_config = copy.copy(e4b_resolved.get_model_config())
-        model_config.hf_config = copy.copy(model_config.hf_config)
-        model_config.hf_config.architectures = [arch]
-        object.__setattr__(args, "model_config", model_config)
+        config = copy.copy(model_config(e4b_resolved))
+        config.hf_config = copy.copy(config.hf_config)
+        config.hf_config.architectures = [arch]
+        args = with_model_config(e4b_resolved, config)
         assert hook._check_model(args) == (24, 42)
 
 
@@ -493,39 +488,39 @@ def test_frozen_kv_mtp_accepted(model, algorithm):
         speculative_algorithm=algorithm,
         speculative_draft_model_path=model("assistant"),
     )
-    assert args.speculative_algorithm == "FROZEN_KV_MTP"
-    assert args.kv_sharing_fast_prefill is True
+    assert resolved(args, "speculative_algorithm") == "FROZEN_KV_MTP"
+    assert resolved(args, "kv_sharing_fast_prefill") is True
 
 
 def test_ngram_accepted(model):
     args = server_args(model("E4B"), speculative_algorithm="NGRAM")
-    assert args.speculative_algorithm == "NGRAM"
+    assert resolved(args, "speculative_algorithm") == "NGRAM"
 
 
 # --------------------------------------------------------------------------- attention
 
 
 def test_torch_native_on_cpu_accepted(e4b_resolved):
-    backends = e4b_resolved._resolved_attention_backends()
-    assert backends == ("torch_native", "torch_native")
+    assert attention_backends(e4b_resolved) == ("torch_native", "torch_native")
 
 
 def test_triton_accepted(model):
     args = server_args(model("E4B"), attention_backend="triton")
-    assert args._resolved_attention_backends() == ("triton", "triton")
+    assert attention_backends(args) == ("triton", "triton")
 
 
 def test_deterministic_inference_with_triton_accepted(model):
     # The mode in which the back half is byte-identical to the full pass.
     args = server_args(model("E4B"), attention_backend="triton", enable_deterministic_inference=True)
-    assert args.kv_sharing_fast_prefill and args.enable_deterministic_inference
-    assert args._resolved_attention_backends() == ("triton", "triton")
+    assert resolved(args, "kv_sharing_fast_prefill")
+    assert resolved(args, "enable_deterministic_inference")
+    assert attention_backends(args) == ("triton", "triton")
 
 
 def test_trtllm_mha_accepted(e4b_resolved):
     # trtllm_mha needs a Blackwell GPU to get through ServerArgs.
     args = run_hook(e4b_resolved, device="cuda", attention_backend="trtllm_mha")
-    assert args._resolved_attention_backends() == ("trtllm_mha", "trtllm_mha")
+    assert attention_backends(args) == ("trtllm_mha", "trtllm_mha")
 
 
 @pytest.mark.parametrize(
@@ -577,9 +572,10 @@ def test_decode_attention_backend_checked_too(e4b_resolved):
 
 UNSUPPORTED = {
     "pipeline parallelism": (dict(pp_size=2), "got pp_size=2", "--pp-size 1"),
+    # --enable-dp-attention is a field on 0.5.17; 0.5.23 resolves it into attn_dp_size
     "DP attention": (
         dict(enable_dp_attention=True, dp_size=2, tp_size=2),
-        "got enable_dp_attention=True",
+        ("got enable_dp_attention=True", "got attn_dp_size=2"),
         "--enable-dp-attention",
     ),
     "context parallelism": (
@@ -608,22 +604,20 @@ def test_unsupported_features_rejected(model, feature):
     overrides, got, advice = UNSUPPORTED[feature]
     msg = reject(server_args, model("E4B"), **overrides)
     assert f"does not support {feature.split(' (')[0]} yet" in msg
-    assert got in msg
+    assert any(g in msg for g in ((got,) if isinstance(got, str) else got)), msg
     assert advice in msg
 
 
-@pytest.mark.parametrize(
-    "field",
-    [
-        "enable_prefill_cp",
-        # legacy aliases
-        "enable_prefill_context_parallel",
-        "enable_dsa_prefill_context_parallel",
-    ],
-)
-def test_each_context_parallel_setting_rejected(e4b_resolved, field):
-    msg = reject(run_hook, e4b_resolved, **{field: True})
-    assert f"does not support context parallelism yet (got {field}=True)" in msg
+def test_each_context_parallel_setting_rejected(e4b_resolved):
+    # enable_prefill_cp, and on releases that have them its legacy aliases
+    from sglang.srt.arg_groups.kv_sharing_fast_prefill_settings import (
+        PREFILL_CP_SETTINGS,
+    )
+
+    assert "enable_prefill_cp" in PREFILL_CP_SETTINGS
+    for field in PREFILL_CP_SETTINGS:
+        msg = reject(run_hook, e4b_resolved, **{field: True})
+        assert f"does not support context parallelism yet (got {field}=True)" in msg
 
 
 def test_multi_item_scoring_rejected(e4b_resolved):
@@ -639,8 +633,8 @@ def test_multi_item_scoring_rejected(e4b_resolved):
 @pytest.mark.parametrize(
     "overrides",
     [
-        dict(cuda_graph_backend_prefill="tc_piecewise"),
-        dict(cuda_graph_config={"prefill": {"backend": "tc_piecewise"}}),
+        dict(cuda_graph_backend_prefill="full"),
+        dict(cuda_graph_config={"prefill": {"backend": "full"}}),
         # Breakable is kept only below the threshold: 0 sends every pass to
         # the fast path, 4 leaves no capture size (the smallest is 4) below it.
         dict(cuda_graph_backend_prefill="breakable", kv_sharing_fast_prefill_min_tokens=0),
@@ -670,12 +664,14 @@ def test_breakable_prefill_graph_capped_below_threshold(model, caplog, min_token
     every capture size at or above it is dropped, so those passes run eager."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    plain = server_args(
-        model("E4B"),
-        attention_backend="triton",
-        cuda_graph_backend_prefill="breakable",
-        kv_sharing_fast_prefill=False,
-    ).cuda_graph_config.prefill
+    plain = prefill_graph(
+        server_args(
+            model("E4B"),
+            attention_backend="triton",
+            cuda_graph_backend_prefill="breakable",
+            kv_sharing_fast_prefill=False,
+        )
+    )
     with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
         args = server_args(
             model("E4B"),
@@ -683,7 +679,7 @@ def test_breakable_prefill_graph_capped_below_threshold(model, caplog, min_token
             cuda_graph_backend_prefill="breakable",
             kv_sharing_fast_prefill_min_tokens=min_tokens,
         )
-    graph = args.cuda_graph_config.prefill
+    graph = prefill_graph(args)
     assert graph.backend == Backend.BREAKABLE
     assert graph.bs == [s for s in plain.bs if s < min_tokens]
     assert graph.max_bs == graph.bs[-1] < min_tokens
@@ -699,13 +695,14 @@ def test_defaulted_breakable_prefill_graph_capped_quietly(e4b_resolved, caplog):
     )
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    on_gpu = with_fields(e4b_resolved)
-    on_gpu.cuda_graph_config.prefill.backend = Backend.BREAKABLE
-    on_gpu.cuda_graph_config.prefill.bs = [256, 2048, 3840, 4096, 8192]
-    on_gpu.cuda_graph_config.prefill.max_bs = 8192
+    config = copy.deepcopy(resolved(e4b_resolved, "cuda_graph_config"))
+    config.prefill.backend = Backend.BREAKABLE
+    config.prefill.bs = [256, 2048, 3840, 4096, 8192]
+    config.prefill.max_bs = 8192
+    on_gpu = with_fields(e4b_resolved, cuda_graph_config=config)
     with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
         handle_kv_sharing_fast_prefill(on_gpu)
-    graph = on_gpu.cuda_graph_config.prefill
+    graph = prefill_graph(on_gpu)
     assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048, 3840], 3840)
     assert not _hook_records(caplog, logging.WARNING)
 
@@ -719,24 +716,27 @@ def test_pinned_capture_sizes_above_threshold_dropped_with_warning(model, caplog
             attention_backend="triton",
             cuda_graph_config={"prefill": {"backend": "breakable", "bs": [256, 2048, 8192]}},
         )
-    graph = args.cuda_graph_config.prefill
+    graph = prefill_graph(args)
     assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048], 2048)
     (warning,) = _hook_records(caplog, logging.WARNING)
     assert "capped at 2048 tokens" in warning and ">= 4096" in warning
 
 
-def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(model, caplog):
+def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(e4b_resolved, caplog):
+    """A prefill graph nobody set (a platform's or a model's default) that is not
+    breakable cannot be kept: it is turned off, decode graphs stay."""
+    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
+        handle_kv_sharing_fast_prefill,
+    )
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    # On CPU with triton, ServerArgs defaults the prefill graph on (tc_piecewise).
-    plain = server_args(
-        model("E4B"), attention_backend="triton", kv_sharing_fast_prefill=False
-    )
-    assert plain.cuda_graph_config.prefill.backend != Backend.DISABLED
+    config = copy.deepcopy(resolved(e4b_resolved, "cuda_graph_config"))
+    config.prefill.backend = Backend.FULL
+    args = with_fields(e4b_resolved, cuda_graph_config=config)
     with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        args = server_args(model("E4B"), attention_backend="triton")
-    assert args.cuda_graph_config.prefill.backend == Backend.DISABLED
-    assert args.cuda_graph_config.decode == plain.cuda_graph_config.decode
+        handle_kv_sharing_fast_prefill(args)
+    assert prefill_graph(args).backend == Backend.DISABLED
+    assert resolved(args, "cuda_graph_config").decode == config.decode
     warnings = _hook_records(caplog, logging.WARNING)
     assert len(warnings) == 1
     assert "Disabling prefill CUDA graph" in warnings[0]
@@ -753,7 +753,7 @@ def test_disabled_prefill_cuda_graph_accepted_quietly(model, caplog, overrides):
 
     with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
         args = server_args(model("E4B"), attention_backend="triton", **overrides)
-    assert args.cuda_graph_config.prefill.backend == Backend.DISABLED
+    assert prefill_graph(args).backend == Backend.DISABLED
     assert not [
         r
         for r in caplog.records

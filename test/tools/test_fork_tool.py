@@ -320,6 +320,28 @@ def test_a_second_base_ports_some_stacks_and_shares_the_modules(two_stacks, tmp_
         fork.materialize(other, tmp_path / "out2")
 
 
+def test_a_base_without_a_later_stack_keeps_the_shared_module_as_it_was_there(two_stacks,
+                                                                              tmp_path):
+    """A later stack of the default base edits a shared module; a base that has not ported
+    that stack leaves the module as the default series has it before that stack, and needs
+    no copy of that earlier content."""
+    env = two_stacks
+    add_step(env, "03-more/0001-yoco-more.patch", write(YOCO, "X = 1\nY = X + 1\nZ = 3\n"),
+             "feat(yoco): more")
+    other = second_base(env)
+    add_step(other, "02-yoco/0001-yoco-module.patch", write(YOCO, "X = 1\nY = X + 1\n"),
+             "feat(yoco): module")
+    assert not (other.own_mirror / "sglang").exists()
+    fork.materialize(other, tmp_path / "out")  # verifies the mirror
+    # content the default series never has at those stacks is this base's own copy
+    add_step(other, "02-yoco/0002-yoco-differs.patch", write(YOCO, "X = 1\nY = 2\n"),
+             "feat(yoco): differs here")
+    assert (other.own_mirror / "sglang/srt/yoco.py").read_text() == "X = 1\nY = 2\n"
+    (other.own_mirror / "sglang/srt/yoco.py").unlink()
+    with pytest.raises(fork.ForkError, match=r"yoco.py \(at the ported stacks\) differs"):
+        fork.materialize(other, tmp_path / "out2")
+
+
 def test_a_test_of_one_release_runs_on_that_base_only(two_stacks):
     """bases=: a test of upstream code only one release has (here a step only the second
     base's series has) runs there, its proof included; the other base leaves it out and

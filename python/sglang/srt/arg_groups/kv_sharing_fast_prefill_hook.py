@@ -72,12 +72,7 @@ UNSUPPORTED_FEATURES: List[Tuple[str, Tuple[str, ...], Callable[[Any], bool], st
         lambda v: (v.pp_size or 1) > 1,
         "use --pp-size 1",
     ),
-    (
-        "DP attention",
-        ("enable_dp_attention",),
-        lambda v: bool(v.enable_dp_attention),
-        "drop --enable-dp-attention",
-    ),
+    ("DP attention",) + settings.DP_ATTENTION,
     (
         "context parallelism",
         ("attn_cp_size",) + settings.PREFILL_CP_SETTINGS,

@@ -20,6 +20,14 @@ PREFILL_CP_SETTINGS = (
     "enable_dsa_prefill_context_parallel",
 )
 
+# DP attention as the hook's list of unsupported features has it: (settings
+# shown, is it on?, what to do instead).
+DP_ATTENTION = (
+    ("enable_dp_attention",),
+    lambda view: bool(view.enable_dp_attention),
+    "drop --enable-dp-attention",
+)
+
 
 def view(server_args: Any) -> Any:
     """What resolution has decided so far, read-only."""
