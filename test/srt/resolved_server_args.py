@@ -58,28 +58,31 @@ def model_config(args: ServerArgs):
     return args.get_model_config()
 
 
-def with_model_config(args: ServerArgs, config) -> ServerArgs:
-    """A copy of resolved ``args`` that reads ``config`` as its model config."""
-    copied = copy.copy(args)
-    if DECLARES:
-        copied.__dict__.update(args.__dict__)
-        args = copied
-        args._model_config = config
-        args._model_config_built_from = None
-    else:
-        args = copied
-        object.__setattr__(args, "model_config", config)
-    return args
-
-
-def with_fields(args: ServerArgs, **fields) -> ServerArgs:
-    """A copy of resolved ``args`` with ``fields`` decided, to run a hook again on
-    settings that ServerArgs on a CPU-only machine rejects before the hooks."""
+def _copy(args: ServerArgs) -> ServerArgs:
     copied = copy.copy(args)
     if DECLARES:
         # A Struct's copy has the fields only: bring the resolution's bookkeeping
         # (declarations, raw input, the CUDA graph settings the operator pinned).
         copied.__dict__.update(args.__dict__)
+    return copied
+
+
+def with_model_config(args: ServerArgs, config) -> ServerArgs:
+    """A copy of resolved ``args`` that reads ``config`` as its model config."""
+    copied = _copy(args)
+    if DECLARES:
+        copied._model_config = config
+        copied._model_config_built_from = None
+    else:
+        object.__setattr__(copied, "model_config", config)
+    return copied
+
+
+def with_fields(args: ServerArgs, **fields) -> ServerArgs:
+    """A copy of resolved ``args`` with ``fields`` decided, to run a hook again on
+    settings that ServerArgs on a CPU-only machine rejects before the hooks."""
+    copied = _copy(args)
+    if DECLARES:
         copied._resolved_overrides = list(args._resolved_overrides) + [
             ("test", dict(fields))
         ]
