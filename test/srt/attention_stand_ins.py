@@ -2,14 +2,26 @@
 prefill, triton / trtllm_mha / torch_native backends with just the state their
 init_forward_metadata reads (their Triton index kernels replaced by torch), and
 a deep snapshot of a backend to assert that nothing it holds was written.
+
+Works on both upstream bases. What differs between them is decided once, below
+(HAS_KV_LOC_PLAN), never by version strings in the tests:
+- 0.5.17: the backends build index lists from req_to_token themselves, with
+  create_flashinfer_kv_indices_triton imported into triton_backend; trtllm's
+  page-table kernel lives in sglang.kernels.ops.kvcache.
+- 0.5.23: every read goes through the runner's KVIndexTranslator
+  (pack_read_stream / read_table) and the batch's own KVLocPlan
+  (forward_batch.kv_loc_plan), and writes (swa_out_cache_loc) come from that
+  plan. The stand-in backends carry a real, non-translating translator over
+  their req_to_token and fake SWA pool, and stand-in batches get a plan bound
+  from it (bind_plan), as ForwardBatch.init_new and the graph runners bind one.
 """
 
 import dataclasses
+import importlib.util
 
 import pytest
 import torch
 
-from sglang.kernels.ops.kvcache import trtllm_mha_page_table
 from sglang.srt.layers.attention import triton_backend, trtllm_mha_backend
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.model_executor.forward_batch_info import (
@@ -18,10 +30,42 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 
+# The one capability switch: whether this release reads KV ids through a
+# KVIndexTranslator and a per-batch KVLocPlan (0.5.23) or straight from
+# req_to_token (0.5.17). Only the module's presence is probed: where it is, a
+# failing import below is an error, not a sign of the other release.
+HAS_KV_LOC_PLAN = importlib.util.find_spec("sglang.srt.mem_cache.kv_index_translator") is not None
 
-def make_batch(extend_lens, prefix_lens=None, orig_extra=None, mode=ForwardMode.EXTEND):
+if HAS_KV_LOC_PLAN:
+    from sglang.kernels.ops.attention import extend_attention, trtllm_mha_page_table
+    from sglang.srt.mem_cache import kv_index_translator
+    from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+else:
+    from sglang.kernels.ops.kvcache import trtllm_mha_page_table
+
+
+def bind_plan(be, fb, runner_slots=False):
+    """Give ``fb`` a KVLocPlan of its own, from ``be``'s translator, where the
+    release has plans (a no-op on 0.5.17): as ForwardBatch.init_new binds a
+    pass (``own_plan``), or, with ``runner_slots``, as a runner binds a batch it
+    builds itself, such as the fast prefill's back half (its write ids are its
+    out_cache_loc as they are). Returns ``fb``."""
+    if HAS_KV_LOC_PLAN and be is not None:
+        translator = be.kv_index_translator
+        if runner_slots:
+            translator.bind_runner_slots(fb)
+        else:
+            translator.bind_own_plan(fb)
+    return fb
+
+
+def make_batch(extend_lens, prefix_lens=None, orig_extra=None, mode=ForwardMode.EXTEND,
+               backend=None):
     """A real ForwardBatch for a prefill of `extend_lens` new tokens per request.
-    orig_extra[i] > 0 marks request i as an unfinished chunk (more prompt left)."""
+    orig_extra[i] > 0 marks request i as an unfinished chunk (more prompt left).
+    With ``backend``, bound to a plan of its own from that backend's translator
+    (bind_plan), as the model runner would hand it over."""
     bs = len(extend_lens)
     prefix_lens = prefix_lens or [0] * bs
     orig_extra = orig_extra or [0] * bs
@@ -46,7 +90,7 @@ def make_batch(extend_lens, prefix_lens=None, orig_extra=None, mode=ForwardMode.
     fb.extend_num_tokens = n
     fb.positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix_lens, seq)])
     fb.capture_hidden_mode = CaptureHiddenMode.NULL
-    return fb
+    return bind_plan(backend, fb)
 
 
 class FakeSWAPool:
@@ -61,22 +105,123 @@ class FakeSWAPool:
         return self.full_to_swa_index_mapping[loc]
 
 
+if HAS_KV_LOC_PLAN:
+    # A virtual subclass: the translator gives a pool a sliding-window id space
+    # (its write ids, the window reads' full->swa translation) when it is a
+    # BaseSWAKVPool, the abstract type whose one method used here is the above.
+    BaseSWAKVPool.register(FakeSWAPool)
+
+
+def attach_translator(be, page_size=1):
+    """Give stand-in backend ``be`` what a ModelRunner hands a real one on
+    0.5.23: a real KVIndexTranslator over its req_to_token and pool, here a
+    non-translating one (a static pool: reads pass req_to_token through, the
+    SWA ids come from the pool's full->swa mapping)."""
+    if HAS_KV_LOC_PLAN:
+        be.kv_index_translator = KVIndexTranslator(
+            req_to_token=be.req_to_token,
+            token_to_kv_pool_allocator=None,
+            token_to_kv_pool=be.token_to_kv_pool,
+            page_size=page_size,
+            device="cpu",
+        )
+        assert not be.kv_index_translator.is_translating
+    return be
+
+
 class _TorchKernel:
-    """create_flashinfer_kv_indices_triton, in torch, for CPU tests."""
+    """create_flashinfer_kv_indices_triton, in torch, for CPU tests: request i's
+    ids ``ids[row_ids[i], start : start + lens[i]]`` at ``indptr[i]``. 0.5.23's
+    takes the entries' page size (1: token ids, as the passthrough reads hand
+    it) and an optional id mapping (full->swa) applied on the way."""
 
     def __getitem__(self, grid):
-        def run(req_to_token, req_pool_indices, lens, kv_indptr, kv_start, kv_indices, stride):
+        def run(ids, row_ids, lens, indptr, kv_start, out, stride,
+                ENTRY_PAGE_SIZE=1, TOKEN_BLOCK_PARALLEL=False, token_mapping=None):
+            assert ENTRY_PAGE_SIZE == 1, "the stand-ins read token tables only"
             for i in range(grid[0]):
                 start = int(kv_start[i]) if kv_start is not None else 0
                 n = int(lens[i])
-                off = int(kv_indptr[i])
-                row = req_to_token[int(req_pool_indices[i])]
-                kv_indices[off : off + n] = row[start : start + n]
+                off = int(indptr[i])
+                data = ids[int(row_ids[i])][start : start + n]
+                if token_mapping is not None:
+                    data = token_mapping[data.long()]
+                out[off : off + n] = data
 
         return run
 
 
+class _TorchAlignKernel:
+    """0.5.23's _align_window_kv_kernel, in torch: request i's window list at
+    its aligned offset, led by ``pad[i]`` copies of its first key."""
+
+    def __getitem__(self, grid):
+        def run(window_kv_indptr, window_kv_indices, aligned_kv_indptr, pad,
+                aligned_kv_indices, BLOCK):
+            for i in range(grid[0]):
+                src, end = int(window_kv_indptr[i]), int(window_kv_indptr[i + 1])
+                dst, p = int(aligned_kv_indptr[i]), int(pad[i])
+                j = torch.arange(end - src + p)
+                aligned_kv_indices[dst : dst + len(j)] = window_kv_indices[
+                    src + (j - p).clamp(min=0)
+                ]
+
+        return run
+
+
+class _TorchPageTableKernel:
+    """create_trtllm_mha_kv_indices_triton, in torch, for CPU tests: block ids
+    of each request's pages (and their SWA-pool ids), the rest left unset."""
+
+    def __getitem__(self, grid):
+        def run(req_to_token, req_pool_indices, seq_lens, full_to_swa, page_table,
+                swa_page_table, full_to_swa_numel, req_to_token_stride,
+                page_table_stride, PAGE_SIZE, HAS_SWA):
+            for b in range(grid[0]):
+                n = -(-int(seq_lens[b]) // PAGE_SIZE)
+                slots = req_to_token[int(req_pool_indices[b]), : n * PAGE_SIZE : PAGE_SIZE]
+                page_table[b, :n] = slots // PAGE_SIZE
+                if HAS_SWA:
+                    swa = full_to_swa[slots.clamp(0, full_to_swa_numel - 1)]
+                    swa_page_table[b, :n] = swa // PAGE_SIZE
+
+        return run
+
+
+# (module, name, torch stand-in) of every Triton kernel the stand-in backends'
+# metadata reaches, where this release looks it up.
+if HAS_KV_LOC_PLAN:
+    _KERNELS = (
+        (kv_index_translator, "create_flashinfer_kv_indices_triton", _TorchKernel),
+        (extend_attention, "_align_window_kv_kernel", _TorchAlignKernel),
+        (trtllm_mha_page_table, "create_trtllm_mha_kv_indices_triton", _TorchPageTableKernel),
+    )
+else:
+    _KERNELS = (
+        (triton_backend, "create_flashinfer_kv_indices_triton", _TorchKernel),
+        (trtllm_mha_page_table, "create_trtllm_mha_kv_indices_triton", _TorchPageTableKernel),
+    )
+
+
+def use_torch_kernels():
+    """Replace those Triton kernels by their torch stand-ins (the autouse
+    fixture _restore_kernels puts Triton's back after each test)."""
+    for module, name, torch_kernel in _KERNELS:
+        setattr(module, name, torch_kernel())
+
+
+@pytest.fixture(autouse=True)
+def _restore_kernels():
+    kernels = [(module, name, getattr(module, name)) for module, name, _ in _KERNELS]
+    yield
+    for module, name, kernel in kernels:
+        setattr(module, name, kernel)
+
+
 def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
+    """What TritonAttnBackend.init_forward_metadata reads, as __init__ sets it.
+    Installs the torch index kernels (the autouse fixture restores Triton's)."""
+    use_torch_kernels()
     be = object.__new__(triton_backend.TritonAttnBackend)
     g = torch.Generator().manual_seed(1)
     be.sliding_window_size = window
@@ -94,6 +239,29 @@ def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
         setattr(be, name, torch.zeros(max_bs + 1, dtype=torch.int32))
     be.forward_metadata = None
     be._back_half_index_buffers = None  # as __init__ leaves it
+    if HAS_KV_LOC_PLAN:
+        be.page_size = 1
+        be.max_context_len = ctx
+        be.num_kv_head = 1
+        be._dense_one_shot_kv_indptr = None  # as __init__ leaves it
+        # decode metadata allocates the Lean decode buffers
+        be.lean_total_programs, be.lean_block_m = 2, 16
+        # the split-KV tile: none (static split count, above); under
+        # deterministic inference __init__ fixes one, as set_deterministic does
+        be.split_tile_size = None
+        be.align_window_kv_to_tiles = extend_attention.align_window_kv_to_tiles
+        attach_translator(be)
+    return be
+
+
+def set_deterministic(be):
+    """Turn a stand-in triton backend deterministic, as __init__ does under
+    --enable-deterministic-inference (0.5.23 also fixes the split tile)."""
+    be.enable_deterministic = True
+    if HAS_KV_LOC_PLAN:
+        be.static_kv_splits = False
+        be.split_tile_size = 256
+        be.max_kv_splits = -(-be.max_context_len // be.split_tile_size)
     return be
 
 
@@ -103,6 +271,11 @@ def make_torch_native_backend(pool=4096):
     be.use_sliding_window_kv_pool = True
     be.forward_metadata = None
     be.swa_out_cache_loc = None
+    if HAS_KV_LOC_PLAN:
+        # Not read by its metadata; a translator for bind_plan to plan with,
+        # as every runner has one.
+        be.req_to_token = torch.zeros(17, 256, dtype=torch.int32)
+        attach_translator(be)
     return be
 
 
@@ -147,10 +320,12 @@ def assert_same_state(be, before):
         _assert_same(after[k], before[k], k)
 
 
-def back_half_batch(fb, extend=False):
+def back_half_batch(fb, extend=False, backend=None):
     """The back half of pass ``fb`` for every request, as the fast prefill shapes
     it: a decode step of each request's last token over its whole sequence, or
-    (``extend``) an extend of that token over a cached prefix of seq_len - 1."""
+    (``extend``) an extend of that token over a cached prefix of seq_len - 1.
+    With ``backend``, bound to a plan of its own as the fast prefill binds it
+    (bind_plan with runner_slots: the pass's plan writes every new token)."""
     n, seq = fb.batch_size, fb.seq_lens
     last = torch.cumsum(fb.extend_seq_lens, 0) - 1
     b = ForwardBatch(
@@ -171,47 +346,15 @@ def back_half_batch(fb, extend=False):
         b.extend_start_loc = torch.arange(n)
         b.extend_seq_lens_cpu = [1] * n
         b.extend_prefix_lens_cpu = (seq - 1).tolist()
-    return b
-
-
-@pytest.fixture(autouse=True)
-def _restore_kernels():
-    kernels = (
-        triton_backend.create_flashinfer_kv_indices_triton,
-        trtllm_mha_page_table.create_trtllm_mha_kv_indices_triton,
-    )
-    yield
-    (
-        triton_backend.create_flashinfer_kv_indices_triton,
-        trtllm_mha_page_table.create_trtllm_mha_kv_indices_triton,
-    ) = kernels
-
-
-class _TorchPageTableKernel:
-    """create_trtllm_mha_kv_indices_triton, in torch, for CPU tests: block ids
-    of each request's pages (and their SWA-pool ids), the rest left unset."""
-
-    def __getitem__(self, grid):
-        def run(req_to_token, req_pool_indices, seq_lens, full_to_swa, page_table,
-                swa_page_table, full_to_swa_numel, req_to_token_stride,
-                page_table_stride, PAGE_SIZE, HAS_SWA):
-            for b in range(grid[0]):
-                n = -(-int(seq_lens[b]) // PAGE_SIZE)
-                slots = req_to_token[int(req_pool_indices[b]), : n * PAGE_SIZE : PAGE_SIZE]
-                page_table[b, :n] = slots // PAGE_SIZE
-                if HAS_SWA:
-                    swa = full_to_swa[slots.clamp(0, full_to_swa_numel - 1)]
-                    swa_page_table[b, :n] = swa // PAGE_SIZE
-
-        return run
+    return bind_plan(backend, b, runner_slots=True)
 
 
 def make_trtllm_backend(page_size, max_bs=16, ctx=256, pool=8192):
     """What TRTLLMHAAttnBackend.init_forward_metadata reads, plus the state a
     real one keeps between passes (FlashInfer index buffers it inherits, its
     decode CUDA-graph buffers, here filled with -1), which must stay unwritten.
-    Installs the torch page-table kernel (the autouse fixture restores Triton's)."""
-    trtllm_mha_page_table.create_trtllm_mha_kv_indices_triton = _TorchPageTableKernel()
+    Installs the torch index kernels (the autouse fixture restores Triton's)."""
+    use_torch_kernels()
     be = object.__new__(trtllm_mha_backend.TRTLLMHAAttnBackend)
     g = torch.Generator().manual_seed(2)
     be.device = "cpu"
@@ -233,6 +376,9 @@ def make_trtllm_backend(page_size, max_bs=16, ctx=256, pool=8192):
     be.kv_indptr = [torch.zeros(max_bs + 1, dtype=torch.int32)]
     be.qo_indptr = [torch.zeros(max_bs + 1, dtype=torch.int32)]
     be.kv_last_page_len = torch.ones(max_bs, dtype=torch.int32)
+    if HAS_KV_LOC_PLAN:
+        be.use_fmha_v2 = False  # the fmha_v2 prefill's page copy: another kernel
+        attach_translator(be, page_size)
     be.init_cuda_graph_state(max_bs, max_bs)
     for buf in [*be.decode_cuda_graph_metadata.values(), be.cuda_graph_swa_out_cache_loc]:
         buf.fill_(-1)
@@ -240,9 +386,10 @@ def make_trtllm_backend(page_size, max_bs=16, ctx=256, pool=8192):
     return be
 
 
-def make_decode_batch(req_pool_indices, seq_lens, out_cache_loc):
-    """A genuine decode step: one new token per request, already in seq_lens."""
-    return ForwardBatch(
+def make_decode_batch(req_pool_indices, seq_lens, out_cache_loc, backend=None):
+    """A genuine decode step: one new token per request, already in seq_lens
+    (with ``backend``, bound to a plan of its own, as init_new binds one)."""
+    fb = ForwardBatch(
         forward_mode=ForwardMode.DECODE,
         batch_size=len(seq_lens),
         input_ids=torch.arange(len(seq_lens)),
@@ -251,6 +398,7 @@ def make_decode_batch(req_pool_indices, seq_lens, out_cache_loc):
         out_cache_loc=out_cache_loc,
         seq_lens_sum=int(seq_lens.sum()),
     )
+    return bind_plan(backend, fb)
 
 
 def trtllm_keys(be, meta, b, window_left, swa):

@@ -13,7 +13,6 @@ import torch
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels,
     _snapshot,
-    _TorchKernel,
     assert_same_state,
     assert_same_trtllm_metadata,
     back_half_batch,
@@ -23,12 +22,11 @@ from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixtu
     make_torch_native_backend,
     make_trtllm_backend,
     make_triton_backend,
+    set_deterministic,
     trtllm_keys,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from sglang.srt.layers.attention import triton_backend
 
 pytestmark = pytest.mark.stack("yoco-model", step="attention-back-half-metadata")
 
@@ -40,7 +38,8 @@ def build_untouched(be, fb, extend=False):
     """The backend's back-half metadata for every request of pass ``fb`` and its
     state from before, asserting that building it wrote nothing the backend holds."""
     before = backend_state(be)
-    attrs = be.init_back_half_metadata(back_half_batch(fb, extend), fb.extend_prefix_lens_cpu)
+    back = back_half_batch(fb, extend, backend=be)
+    attrs = be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)
     assert_same_state(be, before)
     return attrs, before
 
@@ -50,10 +49,9 @@ def build_untouched(be, fb, extend=False):
 @given(window=st.sampled_from([3, 15, 63, 400]), reqs=REQS)
 def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     be = make_triton_backend(window)
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
     ext = [e for e, _ in reqs]
     pre = [p for _, p in reqs]
-    fb = make_batch(ext, pre)
+    fb = make_batch(ext, pre, backend=be)
     # The pass's own (front-half) metadata lives in the persistent buffers.
     be.kv_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(pre), 0)
     be.qo_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(ext), 0)
@@ -77,12 +75,15 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     assert_same_state(be, before)
 
 
+# 0.5.17's deterministic extend kernel tiles a window list from its first key,
+# so the back half's list is made to start where the pass's did
+# (_set_back_half_extend_window); 0.5.23 pads both to absolute tiles instead.
+@pytest.mark.stack("yoco-model", step="attention-back-half-metadata", bases=("0.5.17",))
 @settings(max_examples=40, deadline=None)
 @given(window=st.sampled_from([3, 15, 63, 400]), reqs=REQS)
 def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(window, reqs):
     be = make_triton_backend(window)
     be.enable_deterministic = True
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
     ext = [e for e, _ in reqs]
     pre = [p for _, p in reqs]
     fb = make_batch(ext, pre)
@@ -110,13 +111,97 @@ def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(wi
     assert_same_state(be, before)
 
 
+TILE = 128  # align_window_kv_to_tiles' tile: a multiple of every BLOCK_N
+
+
+def unified_keys(kv_indptr, kv_indices, new_keys, b, prefix_len):
+    """(absolute position of its first key, the key list) that
+    _forward_extend_unified hands the unified kernel for request b: its prefix
+    list, which ends at prefix_len, then the keys of its new tokens."""
+    prefix = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])]
+    return prefix_len - len(prefix), torch.cat([prefix, new_keys])
+
+
+@pytest.mark.stack("yoco-model", step="attention-back-half-metadata", bases=("0.5.23",))
+@settings(max_examples=40, deadline=None)
+@given(
+    window=st.sampled_from([3, 15, 63, 127, 128, 400]),
+    reqs=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 500)), min_size=1, max_size=6),
+)
+def test_deterministic_triton_back_half_is_an_extend_over_the_pass_tiles(window, reqs):
+    """The unified extend kernel sums a request's keys tile by tile from the
+    start of its key list; deterministic inference pads a sliding window's list
+    to start on an absolute tile (aligned_window_kv_*). For each request's last
+    token, the extend-shaped back half's lists start on the tile the pass's
+    lists give that token's first key, and hold the pass's keys from there on,
+    so the kernel sums the same tiles of the same keys (the tiles before it in
+    the pass are masked out for that token)."""
+    ctx = 1024
+    be = set_deterministic(make_triton_backend(window, ctx=ctx))
+    ext = [e for e, _ in reqs]
+    pre = [p for _, p in reqs]
+    fb = make_batch(ext, pre, backend=be)
+    seq = [p + e for p, e in zip(pre, ext)]
+    n = len(seq)
+    # The pass's new tokens sit in req_to_token before its forward, as the
+    # scheduler writes them: the back half reads them back from there.
+    loc = fb.out_cache_loc.split(ext)
+    for b, (p, s) in enumerate(zip(pre, seq)):
+        be.req_to_token[b + 1, p:s] = loc[b]
+    be.init_forward_metadata(fb)  # the pass's own metadata, current meanwhile
+    pass_meta = be.forward_metadata
+    assert pass_meta.aligned_window_kv_indptr is not None  # deterministic
+    assert be.back_half_is_extend()
+    attrs, before = build_untouched(be, fb, extend=True)  # wrote nothing of the pass's
+    meta = attrs["forward_metadata"]
+    assert meta is not pass_meta
+    assert meta.qo_indptr.tolist() == list(range(n + 1)) and meta.max_extend_len == 1
+
+    swa = be.token_to_kv_pool.translate_loc_from_full_to_swa
+    pass_swa_new = pass_meta.swa_out_cache_loc.split(ext)
+    for b, (p, s) in enumerate(zip(pre, seq)):
+        q = s - 1  # the last token's position
+        row = be.req_to_token[b + 1]
+        # full-attention layers: both lists start at key 0, a tile boundary,
+        # and hold the same keys; the back half's are the whole sequence
+        start, keys = unified_keys(meta.kv_indptr, meta.kv_indices, loc[b][-1:], b, q)
+        p_start, p_keys = unified_keys(pass_meta.kv_indptr, pass_meta.kv_indices, loc[b], b, p)
+        assert start == p_start == 0
+        assert torch.equal(keys, p_keys) and torch.equal(keys, row[:s])
+        # sliding layers: the tile holding the token's first in-window key
+        first = max(0, q - window)
+        start, keys = unified_keys(
+            meta.aligned_window_kv_indptr,
+            meta.aligned_window_kv_indices,
+            meta.swa_out_cache_loc[b : b + 1],
+            b,
+            q,
+        )
+        p_start, p_keys = unified_keys(
+            pass_meta.aligned_window_kv_indptr,
+            pass_meta.aligned_window_kv_indices,
+            pass_swa_new[b],
+            b,
+            p,
+        )
+        assert start % TILE == 0 and p_start % TILE == 0
+        assert start == first // TILE * TILE and p_start <= start
+        assert len(keys) == s - start and len(p_keys) == s - p_start
+        # from its first in-window key on (the keys before it in that tile
+        # are masked: copies of the list's first key, or keys past the window)
+        assert torch.equal(keys[first - start :], p_keys[first - p_start :])
+        assert torch.equal(keys[first - start :], swa(row[first:s]))
+    with be.use_back_half_metadata(attrs):
+        assert be.forward_metadata is meta
+    assert_same_state(be, before)
+
+
 def test_triton_metadata_restored_when_the_back_half_raises():
     be = make_triton_backend(15)
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
-    fb = make_batch([9, 30])
+    fb = make_batch([9, 30], backend=be)
     be.forward_metadata = object()
     before = backend_state(be)
-    attrs = be.init_back_half_metadata(back_half_batch(fb), fb.extend_prefix_lens_cpu)
+    attrs = be.init_back_half_metadata(back_half_batch(fb, backend=be), fb.extend_prefix_lens_cpu)
     with pytest.raises(RuntimeError):
         with be.use_back_half_metadata(attrs):
             raise RuntimeError("layer failed")
@@ -125,7 +210,7 @@ def test_triton_metadata_restored_when_the_back_half_raises():
 
 def test_torch_native_back_half_metadata_and_restore():
     be = make_torch_native_backend()
-    fb = make_batch([9, 30, 2])
+    fb = make_batch([9, 30, 2], backend=be)
     be.swa_out_cache_loc = be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc)
     attrs, before = build_untouched(be, fb)
     assert torch.equal(
@@ -147,7 +232,7 @@ def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
     be = make_trtllm_backend(page_size)
     ext = [e for e, _ in reqs]
     pre = [p for _, p in reqs]
-    fb = make_batch(ext, pre)
+    fb = make_batch(ext, pre, backend=be)
     be.init_forward_metadata(fb)  # the pass's own (front-half) metadata
     pass_meta = be.forward_metadata
     attrs, before = build_untouched(be, fb)  # building touched nothing of the pass's
@@ -158,7 +243,7 @@ def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
     last = torch.cumsum(torch.tensor(ext), 0) - 1
     ref = make_trtllm_backend(page_size)
     ref.init_forward_metadata(
-        make_decode_batch(fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc[last])
+        make_decode_batch(fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc[last], backend=ref)
     )
     assert_same_trtllm_metadata(meta, ref.forward_metadata, seq, page_size)
     # ... which is: one query per request over its whole sequence
@@ -188,12 +273,14 @@ def test_trtllm_decode_metadata_is_allocated_per_call():
     init_forward_metadata writes nothing the backend holds and returns
     tensors that share no storage with it."""
     be = make_trtllm_backend(16)
-    fb = make_batch([9, 30, 2], [5, 0, 40])
+    fb = make_batch([9, 30, 2], [5, 0, 40], backend=be)
     be.init_forward_metadata(fb)
     before = backend_state(be)
     pass_meta = be.forward_metadata
     be.init_forward_metadata(
-        make_decode_batch(fb.req_pool_indices, fb.seq_lens, torch.tensor([1013, 1038, 1040]))
+        make_decode_batch(
+            fb.req_pool_indices, fb.seq_lens, torch.tensor([1013, 1038, 1040]), backend=be
+        )
     )
     new, be.forward_metadata = be.forward_metadata, pass_meta
     assert_same_state(be, before)
@@ -212,10 +299,10 @@ def test_trtllm_decode_metadata_is_allocated_per_call():
 
 def test_trtllm_metadata_restored_when_the_back_half_raises():
     be = make_trtllm_backend(16)
-    fb = make_batch([9, 30])
+    fb = make_batch([9, 30], backend=be)
     be.init_forward_metadata(fb)
     before = backend_state(be)
-    attrs = be.init_back_half_metadata(back_half_batch(fb), fb.extend_prefix_lens_cpu)
+    attrs = be.init_back_half_metadata(back_half_batch(fb, backend=be), fb.extend_prefix_lens_cpu)
     with pytest.raises(RuntimeError):
         with be.use_back_half_metadata(attrs):
             assert be.forward_metadata is attrs["forward_metadata"]

@@ -16,16 +16,15 @@ import pytest
 import torch
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels,
-    _TorchKernel,
     make_batch,
     make_torch_native_backend,
     make_triton_backend,
+    set_deterministic,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
-from sglang.srt.layers.attention import triton_backend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
 pytestmark = pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch")
@@ -243,26 +242,63 @@ def test_per_layer_inputs_of_the_back_half_only_on_its_rows(monkeypatch, with_em
 def test_default_triton_back_half_stays_a_decode_step(monkeypatch):
     be = make_triton_backend(15)
     monkeypatch.setattr(yoco, "get_attn_backend", lambda: be)
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
     plan = yoco.plan_fast_prefill(make_batch([9, 30], [0, 4]), FIRST_SHARED)
     assert plan.batch.forward_mode == ForwardMode.DECODE
 
 
-def test_deterministic_triton_back_half_is_planned_as_an_extend(monkeypatch):
-    be = make_triton_backend(15)
-    be.enable_deterministic = True
+def _deterministic_triton_plan(monkeypatch):
+    be = set_deterministic(make_triton_backend(15))
     monkeypatch.setattr(yoco, "get_attn_backend", lambda: be)
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
-    fb = make_batch([9, 30, 4], [0, 4, 20])
-    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    return yoco.plan_fast_prefill(make_batch([9, 30, 4], [0, 4, 20]), FIRST_SHARED)
+
+
+def test_deterministic_triton_back_half_is_planned_as_an_extend(monkeypatch):
+    plan = _deterministic_triton_plan(monkeypatch)
     back = plan.batch
     seq = [9, 34, 24]
     assert back.forward_mode == ForwardMode.EXTEND and back.batch_size == 3
     assert back.extend_seq_lens.tolist() == [1] * 3 == back.extend_seq_lens_cpu
     assert back.extend_prefix_lens.tolist() == [s - 1 for s in seq] == back.extend_prefix_lens_cpu
     assert back.extend_start_loc.tolist() == [0, 1, 2]
+    # the backend built extend metadata for it: one query per request
+    meta = plan.back_metadata["forward_metadata"]
+    assert meta.qo_indptr.tolist() == [0, 1, 2, 3] and meta.max_extend_len == 1
+
+
+@pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch", bases=("0.5.17",))
+def test_deterministic_triton_back_half_window_starts_where_the_pass_did(monkeypatch):
+    plan = _deterministic_triton_plan(monkeypatch)
     # the backend built it with the pass's prefixes (its window starts there)
     assert plan.back_metadata["forward_metadata"].window_kv_offsets.tolist() == [0, 0, 5]
+
+
+@pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch", bases=("0.5.23",))
+def test_deterministic_triton_back_half_window_starts_on_the_pass_tile(monkeypatch):
+    plan = _deterministic_triton_plan(monkeypatch)
+    meta = plan.back_metadata["forward_metadata"]
+    # its last W = 15 keys before the token, padded back to the 128-key tile
+    # they start in, key 0 here, as the pass's lists are (the general case:
+    # test_attention_back_half_metadata)
+    assert meta.window_kv_offsets.tolist() == [0, 18, 8]
+    aligned = meta.aligned_window_kv_indptr
+    assert (aligned[1:] - aligned[:-1]).tolist() == [8, 33, 23]
+
+
+@pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch", bases=("0.5.23",))
+def test_back_half_batch_reads_through_a_plan_of_its_own_rows(monkeypatch):
+    """0.5.23 reads the KV cache through the KVLocPlan bound to a batch, whose
+    tables are indexed by the batch's rows: the back half (a copy of the pass's
+    batch, fewer rows) must not keep the pass's plan."""
+    be = make_triton_backend(15)
+    monkeypatch.setattr(yoco, "get_attn_backend", lambda: be)
+    # request 1 is an unfinished chunk: the back half has requests 0 and 2
+    fb = make_batch([4, 6, 3], prefix_lens=[0, 2, 5], orig_extra=[0, 5, 0], backend=be)
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    back = plan.batch
+    assert fb.kv_loc_plan.req_pool_indices.tolist() == [1, 2, 3]
+    assert back.kv_loc_plan is not fb.kv_loc_plan
+    assert back.kv_loc_plan.req_pool_indices.tolist() == back.req_pool_indices.tolist() == [1, 3]
+    assert back.kv_loc_plan.seq_lens.tolist() == [4, 8]
 
 
 def _plan_all(fb):

@@ -382,8 +382,11 @@ def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
 def test_when_start_up_captures_the_back_half(monkeypatch):
+    """The decision itself, on the settings it reads (each release reads them
+    from its own resolved record through kv_sharing_fast_prefill_settings)."""
     import types
 
+    from sglang.srt.arg_groups import kv_sharing_fast_prefill_settings as settings
     from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
         back_half_graph_skip_reason,
     )
@@ -394,15 +397,19 @@ def test_when_start_up_captures_the_back_half(monkeypatch):
         a = dict(device="cuda", backend="triton", decode=Backend.FULL,
                  enable_deterministic_inference=False, dcp_size=1)
         a.update(over)
-        ns = types.SimpleNamespace(
-            device=a["device"],
-            cuda_graph_config=types.SimpleNamespace(decode=types.SimpleNamespace(backend=a["decode"])),
-            enable_deterministic_inference=a["enable_deterministic_inference"],
-            dcp_size=a["dcp_size"],
+        return types.SimpleNamespace(
+            view=types.SimpleNamespace(
+                device=a["device"],
+                enable_deterministic_inference=a["enable_deterministic_inference"],
+                dcp_size=a["dcp_size"],
+            ),
+            graphs=types.SimpleNamespace(decode=types.SimpleNamespace(backend=a["decode"])),
+            backends=(a["backend"], a["backend"]),
         )
-        ns._resolved_attention_backends = lambda: (a["backend"], a["backend"])
-        return ns
 
+    monkeypatch.setattr(settings, "view", lambda ns: ns.view)
+    monkeypatch.setattr(settings, "cuda_graph_config", lambda ns: ns.graphs)
+    monkeypatch.setattr(settings, "attention_backends", lambda ns: ns.backends)
     assert back_half_graph_skip_reason(args()) is None
     assert back_half_graph_skip_reason(args(device="cpu")) == "device cpu"
     assert back_half_graph_skip_reason(args(decode=Backend.DISABLED)) == "decode CUDA graphs are off"

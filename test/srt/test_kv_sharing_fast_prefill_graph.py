@@ -10,6 +10,7 @@ the graph's own triton backend builds the key lists the eager back half attends
 when start-up captures nothing.
 """
 
+import importlib.util
 import types
 
 import pytest
@@ -18,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels,
-    _TorchKernel,
     make_batch,
     make_torch_native_backend,
     make_triton_backend,
@@ -34,6 +34,9 @@ pytestmark = pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
 
 END = 8
 HIDDEN, PLE = 6, 3
+# A decoder layer returns (hidden_states, residual) on 0.5.17; on 0.5.23 its
+# output alone (the residual lives in the batch's ResidualStream).
+LAYER_RETURNS_PAIR = importlib.util.find_spec("sglang.srt.layers.layer_boundary") is None
 
 
 class FakeLayer(torch.nn.Module):
@@ -51,10 +54,13 @@ class FakeLayer(torch.nn.Module):
             + 0.25 * forward_batch.req_pool_indices.double()
         )
         out = hidden_states * (1.0 + 0.1 * self.i) + geo[:, None]
-        return out + per_layer_input.sum(-1, keepdim=True) * (self.i + 1), None
+        out = out + per_layer_input.sum(-1, keepdim=True) * (self.i + 1)
+        return (out, None) if LAYER_RETURNS_PAIR else out
 
 
 class FakeBackend:
+    kv_index_translator = None  # 0.5.23's AttentionBackend default: reads no plan
+
     def __init__(self):
         self.calls = []
 
@@ -195,12 +201,11 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     """The graph's triton backend (decode metadata, CUDA-graph buffers) hands the
     decode kernel the same key lists as the eager back half's metadata, which
     builds its W + 1 window itself: the decode window is W + 1 keys (step triton-decode-sliding-window-width)."""
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
     ext = [e for e, _ in reqs]
     pre = [p for _, p in reqs]
     fb = make_batch(ext, pre)
-    back = yoco.make_back_half_batch(fb, _plan_all(fb))
     eager_be = make_triton_backend(window)
+    back = yoco.make_back_half_batch(fb, _plan_all(fb), eager_be)
     want = eager_be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)["forward_metadata"]
 
     graph_be = make_triton_backend(window)
@@ -330,7 +335,6 @@ def _start_up(monkeypatch, window=15, skip=None):
     batch sizes and a new triton backend (a CPU stand-in)."""
     from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
 
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
     _fake_cuda_capture(monkeypatch)
     monkeypatch.setattr(hook, "back_half_graph_skip_reason", lambda server_args: skip)
     monkeypatch.setattr(kr, "get_batch_sizes_to_capture", lambda mr: (mr.decode_bs, []))

@@ -8,7 +8,11 @@ the last key of each request past the window stayed a virtual id.
 import pytest
 import torch
 
-from attention_stand_ins import _TorchKernel, make_triton_backend
+from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
+    _restore_kernels,
+    _TorchKernel,
+    make_triton_backend,
+)
 
 from sglang.srt.layers.attention import triton_backend
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode

@@ -4,8 +4,11 @@ full pass's, bit for bit, on triton's real unified extend kernel.
 The kernel runs on CPU through Triton's interpreter (TRITON_INTERPRET=1, read
 when the kernels are defined, hence a fresh process: run this file as a script).
 Buffers are fp32 so that a different rounding order shows in the output: the
-control check proves the test can see one (the window triton would build for a
-one-token extend by itself starts elsewhere and rounds differently).
+control check proves the test can see one. On 0.5.17 the back half's window list
+starts where the pass's did (the control: the window triton builds for a one-token
+extend by itself starts elsewhere and rounds differently); on 0.5.23 triton pads
+every window list to absolute 128-key tiles, so the back half needs no window of
+its own (the control: the same back half without that padding rounds differently).
 """
 
 import types
@@ -23,12 +26,16 @@ HEADS, KV_HEADS, HEAD_DIM, POOL = 2, 1, 32, 2048
 def _check():
     import torch
 
+    from attention_stand_ins import HAS_KV_LOC_PLAN, attach_translator, bind_plan
+
+    from sglang.kernels.ops.attention import extend_attention
     from sglang.kernels.ops.attention.extend_attention import (
         build_unified_kv_indices,
         extend_attention_fwd_unified,
     )
     from sglang.srt.layers import kv_sharing_fast_prefill as yoco
     from sglang.srt.layers.attention import triton_backend
+    from sglang.srt.layers.radix_attention import AttentionType
     from sglang.srt.model_executor.forward_batch_info import (
         CaptureHiddenMode,
         ForwardBatch,
@@ -63,6 +70,10 @@ def _check():
     be.build_unified_kv_indices = build_unified_kv_indices
     for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
         setattr(be, name, torch.zeros(bs + 1, dtype=torch.int32))
+    if HAS_KV_LOC_PLAN:  # what 0.5.23's __init__ adds for the extend path
+        be.max_context_len, be._dense_one_shot_kv_indptr = max(seq), None
+        be.align_window_kv_to_tiles = extend_attention.align_window_kv_to_tiles
+        attach_translator(be)
 
     ext = [e for _, e in SEQ]
     pre = [p for p, _ in SEQ]
@@ -87,6 +98,7 @@ def _check():
     fb.extend_num_tokens = n
     fb.positions = torch.cat([torch.arange(p, s) for p, s in zip(pre, seq)])
     fb.capture_hidden_mode = CaptureHiddenMode.NULL
+    bind_plan(be, fb)
     q = torch.randn(n, HEADS * HEAD_DIM, generator=g)
 
     def attend(batch, rows, window):
@@ -94,6 +106,7 @@ def _check():
             sliding_window_size=window, layer_id=0, tp_q_head_num=HEADS,
             qk_head_dim=HEAD_DIM, v_head_dim=HEAD_DIM, k_scale=None, v_scale=None,
             scaling=HEAD_DIM**-0.5, xai_temperature_len=-1,
+            attn_type=AttentionType.DECODER,
         )
         o = torch.empty(len(rows), HEADS * HEAD_DIM)
         return be._forward_extend_unified(q[rows], o, layer, batch, True, 0.0, None)
@@ -109,8 +122,13 @@ def _check():
             back = attend(plan.batch, rows, w)
             out[name] = [torch.equal(back[i], full[w][r]) for i, r in enumerate(rows)]
     out["back_half_mode"] = plan.batch.forward_mode.name
-    # Control: the window triton builds for a one-token extend on its own.
-    be.init_forward_metadata(plan.batch)
+    if HAS_KV_LOC_PLAN:
+        # Control: the same back half with window lists not padded to tiles.
+        be.align_window_kv_to_tiles = lambda *args: (None, None)
+        be.init_forward_metadata(plan.batch)
+    else:
+        # Control: the window triton builds for a one-token extend on its own.
+        be.init_forward_metadata(plan.batch)
     stock = attend(plan.batch, rows, WINDOW)
     out["stock_window"] = [torch.equal(stock[i], full[WINDOW][r]) for i, r in enumerate(rows)]
     return out
@@ -121,8 +139,9 @@ def test_deterministic_back_half_attention_is_the_full_pass_bit_for_bit():
     assert out["back_half_mode"] == "EXTEND"
     assert out["full"] == [True] * len(SEQ)
     assert out["sliding"] == [True] * len(SEQ)
-    # Requests longer than the window: triton's own one-token window starts at
-    # seq - 1 - W, not where the full pass's list started, and rounds differently.
+    # Requests longer than the window: the control's list starts at seq - 1 - W,
+    # not on the pass's tile (0.5.23) or where the pass's list started (0.5.17),
+    # and rounds differently.
     long_ones = [i for i, (p, e) in enumerate(SEQ) if p + e - 1 > WINDOW]
     assert not all(out["stock_window"][i] for i in long_ones)
 

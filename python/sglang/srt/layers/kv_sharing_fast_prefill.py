@@ -38,6 +38,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
+from sglang.srt.layers.kv_sharing_fast_prefill_rows import (
+    bind_back_half_batch,
+    run_layers,
+)
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import get_attn_backend
 
@@ -211,7 +215,7 @@ def plan_fast_prefill(
             plan.graphs, plan.source = graphs, forward_batch
             return plan
         plan.batch = make_back_half_batch(
-            forward_batch, plan, extend_shaped=backend.back_half_is_extend()
+            forward_batch, plan, backend, extend_shaped=backend.back_half_is_extend()
         )
         plan.back_metadata = backend.init_back_half_metadata(
             plan.batch, plan.prefix_lens_cpu
@@ -220,7 +224,10 @@ def plan_fast_prefill(
 
 
 def make_back_half_batch(
-    forward_batch: ForwardBatch, plan: FastPrefillPlan, extend_shaped: bool = False
+    forward_batch: ForwardBatch,
+    plan: FastPrefillPlan,
+    backend,
+    extend_shaped: bool = False,
 ) -> ForwardBatch:
     """A shallow copy of the batch shaped as one decode step per kept request.
 
@@ -260,6 +267,7 @@ def make_back_half_batch(
         fb.extend_start_loc = torch.arange(n, dtype=lens.dtype, device=lens.device)
         fb.extend_seq_lens_cpu = [1] * n
         fb.extend_prefix_lens_cpu = [s - 1 for s in plan.seq_lens_cpu]
+    bind_back_half_batch(backend, fb)
     return fb
 
 
@@ -295,33 +303,6 @@ def per_layer_inputs_for_plan(
             ),
         )
     return front
-
-
-def run_layers(
-    layers,
-    first_layer: int,
-    end_layer: int,
-    forward_batch: ForwardBatch,
-    hidden_states: torch.Tensor,
-    per_layer_inputs: Optional[torch.Tensor],
-    **kwargs,
-) -> torch.Tensor:
-    """Layers [first_layer, end_layer) on these rows, as the back half runs them
-    (``per_layer_inputs``: [rows, those layers, dim], or None)."""
-    h = hidden_states
-    for layer_idx in range(first_layer, end_layer):
-        h, _ = layers[layer_idx](
-            positions=forward_batch.positions,
-            hidden_states=h,
-            per_layer_input=(
-                per_layer_inputs[:, layer_idx - first_layer, :]
-                if per_layer_inputs is not None
-                else None
-            ),
-            forward_batch=forward_batch,
-            **kwargs,
-        )
-    return h
 
 
 @dataclass
@@ -365,7 +346,7 @@ def run_back_half(
             return hidden_states.index_copy(0, rows, h)
         # The graphs were captured without these layer arguments: run eager.
         backend = get_attn_backend()
-        plan.batch = make_back_half_batch(plan.source, plan)
+        plan.batch = make_back_half_batch(plan.source, plan, backend)
         plan.back_metadata = backend.init_back_half_metadata(
             plan.batch, plan.prefix_lens_cpu
         )

@@ -31,6 +31,7 @@ import logging
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
+from sglang.srt.layers.kv_sharing_fast_prefill_rows import bind_back_half_batch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
@@ -159,6 +160,7 @@ class KVSharedBackHalfGraphRunner:
                 # Large first: the small ones reuse its memory.
                 for bs in reversed(self.capture_bs):
                     fb = self._batch(bs)
+                    bind_back_half_batch(self.backend, fb)
                     self.backend.init_forward_metadata_out_graph(fb, in_capture=True)
                     for _ in range(2):  # autotune / allocate off the graph
                         self._forward(bs, fb)
@@ -197,6 +199,7 @@ class KVSharedBackHalfGraphRunner:
         seq_cpu: List[int] = list(plan.seq_lens_cpu) + [self.seq_len_fill] * pad
         fb.seq_lens_sum = sum(seq_cpu)
         fb.seq_lens_cpu = torch.tensor(seq_cpu, dtype=torch.int64)
+        bind_back_half_batch(self.backend, fb)  # this pass's rows
         self.backend.init_forward_metadata_out_graph(fb, in_capture=False)
         self.graphs[bs].replay()
         return self.outputs[bs][:n]

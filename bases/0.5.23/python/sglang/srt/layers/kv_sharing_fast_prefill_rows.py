@@ -1,0 +1,65 @@
+"""The release-specific part of running a KV-sharing fast prefill's back half.
+
+The back half (``kv_sharing_fast_prefill``) runs the model's KV-shared layers on
+a subset of the pass's rows, with a batch of its own. What that takes depends on
+how this release's decoder layers and batches work; the rest of the fast prefill
+does not. Here a decoder layer returns its output and keeps the residual in the
+batch's ``ResidualStream``, and a batch reads the KV cache through the
+``KVLocPlan`` bound to it, whose tables are indexed by the batch's own rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+def bind_back_half_batch(backend: AttentionBackend, forward_batch: ForwardBatch) -> None:
+    """Make ``forward_batch`` (the back half's) read its own requests' KV. As a
+    copy of the pass's batch it holds the pass's plan, whose read tables are
+    indexed by the pass's rows: it gets a plan over its own rows and lengths,
+    its write ids used as they are (the back half writes no KV)."""
+    translator = backend.kv_index_translator
+    if translator is None:  # a backend that reads no plan
+        forward_batch.kv_loc_plan = None
+        return
+    translator.bind_runner_slots(forward_batch)
+
+
+def run_layers(
+    layers,
+    first_layer: int,
+    end_layer: int,
+    forward_batch: ForwardBatch,
+    hidden_states: torch.Tensor,
+    per_layer_inputs: Optional[torch.Tensor],
+    **kwargs,
+) -> torch.Tensor:
+    """Layers [first_layer, end_layer) on these rows, as the back half runs them
+    (``per_layer_inputs``: [rows, those layers, dim], or None). The rows enter
+    as a written residual, as the whole pass enters the first KV-shared layer,
+    in a stream of the back half's batch, released on the way out."""
+    h = residual_batch.set_written(hidden_states, forward_batch)
+    try:
+        for layer_idx in range(first_layer, end_layer):
+            h = layers[layer_idx](
+                positions=forward_batch.positions,
+                hidden_states=h,
+                per_layer_input=(
+                    per_layer_inputs[:, layer_idx - first_layer, :]
+                    if per_layer_inputs is not None
+                    else None
+                ),
+                forward_batch=forward_batch,
+                **kwargs,
+            )
+        return h
+    finally:
+        residual_batch.clear(forward_batch)
