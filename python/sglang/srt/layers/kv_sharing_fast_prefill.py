@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 import torch
 from sglang.srt.layers.kv_sharing_fast_prefill_rows import (
     bind_back_half_batch,
-    run_layers,
+    call_layer,
+    rows_entering_layers,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import get_attn_backend
@@ -303,6 +304,34 @@ def per_layer_inputs_for_plan(
             ),
         )
     return front
+
+
+def run_layers(
+    layers,
+    first_layer: int,
+    end_layer: int,
+    forward_batch: ForwardBatch,
+    hidden_states: torch.Tensor,
+    per_layer_inputs: Optional[torch.Tensor],
+    **kwargs,
+) -> torch.Tensor:
+    """Layers [first_layer, end_layer) on these rows, as the back half runs them
+    (``per_layer_inputs``: [rows, those layers, dim], or None)."""
+    with rows_entering_layers(forward_batch, hidden_states) as h:
+        for layer_idx in range(first_layer, end_layer):
+            h = call_layer(
+                layers[layer_idx],
+                positions=forward_batch.positions,
+                hidden_states=h,
+                per_layer_input=(
+                    per_layer_inputs[:, layer_idx - first_layer, :]
+                    if per_layer_inputs is not None
+                    else None
+                ),
+                forward_batch=forward_batch,
+                **kwargs,
+            )
+        return h
 
 
 @dataclass

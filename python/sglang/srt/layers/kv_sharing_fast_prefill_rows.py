@@ -10,7 +10,8 @@ residual fused inside the layer, and a batch reads the KV cache through its own
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -24,28 +25,14 @@ def bind_back_half_batch(backend: AttentionBackend, forward_batch: ForwardBatch)
     already does, nothing else is bound to a batch here."""
 
 
-def run_layers(
-    layers,
-    first_layer: int,
-    end_layer: int,
-    forward_batch: ForwardBatch,
-    hidden_states: torch.Tensor,
-    per_layer_inputs: Optional[torch.Tensor],
-    **kwargs,
-) -> torch.Tensor:
-    """Layers [first_layer, end_layer) on these rows, as the back half runs them
-    (``per_layer_inputs``: [rows, those layers, dim], or None)."""
-    h = hidden_states
-    for layer_idx in range(first_layer, end_layer):
-        h, _ = layers[layer_idx](
-            positions=forward_batch.positions,
-            hidden_states=h,
-            per_layer_input=(
-                per_layer_inputs[:, layer_idx - first_layer, :]
-                if per_layer_inputs is not None
-                else None
-            ),
-            forward_batch=forward_batch,
-            **kwargs,
-        )
-    return h
+@contextmanager
+def rows_entering_layers(
+    forward_batch: ForwardBatch, hidden_states: torch.Tensor
+) -> Iterator[torch.Tensor]:
+    """The rows as the back half's first layer takes them: as they are."""
+    yield hidden_states
+
+
+def call_layer(layer, **kwargs) -> torch.Tensor:
+    hidden_states, _ = layer(**kwargs)
+    return hidden_states

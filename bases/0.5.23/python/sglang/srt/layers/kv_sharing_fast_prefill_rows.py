@@ -10,7 +10,8 @@ batch's ``ResidualStream``, and a batch reads the KV cache through the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -33,33 +34,18 @@ def bind_back_half_batch(backend: AttentionBackend, forward_batch: ForwardBatch)
     translator.bind_runner_slots(forward_batch)
 
 
-def run_layers(
-    layers,
-    first_layer: int,
-    end_layer: int,
-    forward_batch: ForwardBatch,
-    hidden_states: torch.Tensor,
-    per_layer_inputs: Optional[torch.Tensor],
-    **kwargs,
-) -> torch.Tensor:
-    """Layers [first_layer, end_layer) on these rows, as the back half runs them
-    (``per_layer_inputs``: [rows, those layers, dim], or None). The rows enter
-    as a written residual, as the whole pass enters the first KV-shared layer,
-    in a stream of the back half's batch, released on the way out."""
-    h = residual_batch.set_written(hidden_states, forward_batch)
+@contextmanager
+def rows_entering_layers(
+    forward_batch: ForwardBatch, hidden_states: torch.Tensor
+) -> Iterator[torch.Tensor]:
+    """The rows as the back half's first layer takes them: a written residual,
+    as the whole pass enters the first KV-shared layer, in a stream of the back
+    half's batch, released on the way out."""
     try:
-        for layer_idx in range(first_layer, end_layer):
-            h = layers[layer_idx](
-                positions=forward_batch.positions,
-                hidden_states=h,
-                per_layer_input=(
-                    per_layer_inputs[:, layer_idx - first_layer, :]
-                    if per_layer_inputs is not None
-                    else None
-                ),
-                forward_batch=forward_batch,
-                **kwargs,
-            )
-        return h
+        yield residual_batch.set_written(hidden_states, forward_batch)
     finally:
         residual_batch.clear(forward_batch)
+
+
+def call_layer(layer, **kwargs) -> torch.Tensor:
+    return layer(**kwargs)
