@@ -905,7 +905,10 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     ``last_stack_in_suite``: the last step's tree is the whole series, which the suite
     runs next (``make test``) from the installed fork; the last step's own tests and its
     stack's are left to it instead of running twice on the same code (its proofs still
-    run here, on the tree before it)."""
+    run here, on the tree before it). Stacks at the series' end that no test is marked
+    for (0.5.17's fork-only benchmark hooks, behind a switch that is off by default)
+    change nothing those tests reach, so the end of the last stack with tests is left
+    to the suite too."""
     python = os.path.abspath(python) if python else sys.executable
     steps = read_series(fork)
     problems = lint_series(steps)
@@ -919,6 +922,12 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     if left_out:
         log(left_out_why(fork, left_out, steps))
     last_of_stack = {st[-1].name for _, st in stacks_of(steps)}
+    in_suite = set()
+    if last_stack_in_suite and steps:
+        in_suite.add(steps[-1].name)
+        tested = {t.stack for t in tests}
+        last_tested = [st for _, st in stacks_of(steps) if st[0].stack in tested][-1:]
+        in_suite.update(st[-1].name for st in last_tested)
     first_of_stack = {st[0].name for _, st in stacks_of(steps)}
     if start is not None and start not in {s.name for s in steps}:
         raise ForkError(f"--from {start}: not a step of {fork.rel(fork.patches_dir)}/series")
@@ -947,9 +956,11 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
                     t.step == s.name or (t.step is None and s.name in first_of_stack))]
                 if not selected:
                     own, of_stack, proofs = [], [], []
-                if last_stack_in_suite and s is steps[-1] and (own or of_stack):
+                if s.name in in_suite and (own or of_stack):
+                    where = ("the same tree" if s is steps[-1] else
+                             "the whole series (the steps after it carry no tests)")
                     log(f"{len(own) + len(of_stack)} tests of {s.line} (its own and its "
-                        f"stack's) are left to the suite, which runs them on the same tree")
+                        f"stack's) are left to the suite, which runs them on {where}")
                     own, of_stack = [], []
                 if jobs == 1:
                     plan.append(_Job(s, before, after, True, own + of_stack, proofs))
@@ -1117,7 +1128,8 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                    help="with --each: check N steps at once, each in a worktree of its own")
     p.add_argument("--last-stack-in-suite", action="store_true",
                    help="with --each: leave the last step's tests and its stack's to the "
-                   "suite that runs next on the same tree (make test)")
+                   "suite that runs next on the same tree (make test); also those of the "
+                   "last stack with tests, when only stacks no test is marked for follow it")
     sub.add_parser("diffstat", help="files and +/- lines per step")
     args = ap.parse_args(argv)
     try:

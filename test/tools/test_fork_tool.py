@@ -280,6 +280,30 @@ def test_check_each_runs_each_steps_tests_on_its_tree(two_stacks):
         fork.check_each(env, log=lambda m: None)
 
 
+def test_an_untested_stack_at_the_end_leaves_the_last_tested_stack_to_the_suite(two_stacks):
+    """make test: a fork-only stack no test is marked for (a benchmark hook) comes last;
+    the suite runs the whole series, so the end of the stack before it runs there only."""
+    env = two_stacks
+    mark_step_and_stack_tests(env)
+    add_step(env, "03-bench/0001-bench-hook.patch",
+             write("python/sglang/srt/bench_hook.py", "ON = False\n"), "feat(bench): hook")
+    lines = []
+    reports = fork.check_each(env, last_stack_in_suite=True, log=lines.append)
+    assert [(r.step.name, r.tests, r.proofs) for r in reports] == [
+        ("gemma-line-22", 1, []), ("yoco-module", 0, []),
+        ("yoco-grows", 0, ["test/srt/test_yoco.py::test_y"]), ("bench-hook", 0, [])]
+    assert ("1 tests of 02-yoco/0002-yoco-grows.patch (its own and its stack's) are left to "
+            "the suite, which runs them on the whole series (the steps after it carry no "
+            "tests)") in lines
+    # without the option, every step's and stack's tests run on their own tree
+    reports = fork.check_each(env, log=lambda m: None)
+    assert [r.tests for r in reports] == [1, 0, 1, 0]
+    # once the last stack has a test of its own, only its end is left to the suite
+    marked_test(env, "test_bench.py", "def test_b():\n    pass\n", '"bench"')
+    reports = fork.check_each(env, last_stack_in_suite=True, log=lambda m: None)
+    assert [r.tests for r in reports] == [1, 0, 1, 0]
+
+
 def second_base(env, version="0.5.99") -> "fork.Fork":
     """bases/VERSION/ next to the default base (same fake wheel, its own empty series)."""
     d = env.root / "bases" / version
