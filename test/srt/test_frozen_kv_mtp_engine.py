@@ -19,6 +19,7 @@ docstring).
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -149,8 +150,13 @@ def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
 
 
 @pytest.mark.stack("yoco-mtp")
-def test_yoco_under_mtp_matches_hf(setup):
-    assert mtp(setup, **YOCO) == setup[3]
+def test_yoco_under_mtp_matches_hf(setup, capfd):
+    """Step mtp-target-prefill-captures-last: the target prefill takes the fast path (the
+    model logs each pass that does) and the output is still HF's."""
+    assert mtp(setup, **YOCO, log_level="debug") == setup[3]
+    log = capfd.readouterr().err
+    fired = [tuple(map(int, m)) for m in re.findall(r"back half on (\d+) of (\d+) tokens", log)]
+    assert any(0 < n < total for n, total in fired), "YOCO never fired under MTP"
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed")

@@ -3,8 +3,9 @@ decoding (Gemma-4 assistant drafter), on CPU, no engine.
 
 Step mtp-target-prefill-captures-last: the frozen-KV worker's target prefill asks for LAST hidden states
 (``target_prefill_capture_mode``), raised to FULL only when a request, the server
-or the batch's spec_info needs every token's hidden state. Stock 0.5.17 asked for
-FULL, which made every prefill under MTP fall back to the full computation.
+or the batch's spec_info needs every token's hidden state. Stock SGLang (0.5.17 and
+0.5.23) asked for FULL, which made every prefill under MTP fall back to the full
+computation.
 Step mtp-assistant-fast-prefill-off: the assistant's own Gemma4TextModel never runs fast prefill.
 
 Per MTP phase, whether YOCO fires is checked with the real predicate
@@ -14,7 +15,8 @@ mode and capture mode that phase really runs with.
 
 import socket
 import types
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from unittest import mock
 
 import pytest
 import torch
@@ -28,7 +30,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
     get_required_capture_hidden_mode,
 )
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
 from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPDraftInput
 from sglang.srt.utils import empty_context
@@ -50,22 +52,19 @@ def ns_batch(mode=NULL, spec_info=None):
     return types.SimpleNamespace(return_hidden_states_mode=mode, spec_info=spec_info)
 
 
-def ns_server(mode=None, enable=False):
-    return types.SimpleNamespace(
-        return_hidden_states_mode=mode, enable_return_hidden_states=enable
-    )
-
-
 # ------------------------------------------------ target_prefill_capture_mode
+# Its second argument is the server's mode, get_server_return_hidden_states_mode()'s
+# answer, which the worker computes (that function's arguments differ between
+# releases); the worker tests below publish real server settings.
 
 
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last", fails_before=True)
 def test_capture_mode_plain_batch_is_last():
-    assert target_prefill_capture_mode(ns_batch(), ns_server()) == LAST
-    # the real objects' defaults: no request and no server setting asks for more
+    assert target_prefill_capture_mode(ns_batch(), NULL) == LAST
+    # the real batch's defaults: no request asks for more
     sched = ScheduleBatch(reqs=[])
     assert sched.return_hidden_states_mode == NULL and sched.spec_info is None
-    assert target_prefill_capture_mode(sched, ServerArgs(model_path="dummy")) == LAST
+    assert target_prefill_capture_mode(sched, NULL) == LAST
 
 
 @pytest.mark.parametrize(
@@ -74,34 +73,20 @@ def test_capture_mode_plain_batch_is_last():
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_capture_mode_follows_the_requests(mode, want):
     """A request with return_hidden_states (batch mode FULL) still gets FULL."""
-    assert target_prefill_capture_mode(ns_batch(mode), ns_server()) == want
+    assert target_prefill_capture_mode(ns_batch(mode), NULL) == want
     sched = ScheduleBatch(reqs=[])
     sched.return_hidden_states_mode = mode
-    assert target_prefill_capture_mode(sched, ServerArgs(model_path="dummy")) == want
+    assert target_prefill_capture_mode(sched, NULL) == want
 
 
 @pytest.mark.parametrize(
-    "server_kwargs, want",
-    [
-        ({}, LAST),
-        ({"return_hidden_states_mode": "last"}, LAST),
-        ({"return_hidden_states_mode": "full"}, FULL),
-        ({"enable_return_hidden_states": True}, FULL),
-    ],
-    ids=["default", "mode-last", "mode-full", "enable"],
+    "server_mode, want", [(NULL, LAST), (LAST, LAST), (FULL, FULL)], ids=["NULL", "LAST", "FULL"]
 )
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_capture_mode_follows_the_server(server_kwargs, want):
-    # a real (dummy-model) ServerArgs: its post-init normalises the two fields
-    # ("last" also sets enable_return_hidden_states=True)
-    server = ServerArgs(model_path="dummy", **server_kwargs)
-    assert target_prefill_capture_mode(ns_batch(), server) == want
-    # and the raw fields as a bare namespace
-    raw = ns_server(
-        server_kwargs.get("return_hidden_states_mode"),
-        server_kwargs.get("enable_return_hidden_states", False),
-    )
-    assert target_prefill_capture_mode(ns_batch(), raw) == want
+def test_capture_mode_follows_the_server(server_mode, want):
+    assert target_prefill_capture_mode(ns_batch(), server_mode) == want
+    # the larger of the request's and the server's
+    assert target_prefill_capture_mode(ns_batch(FULL), server_mode) == FULL
 
 
 @pytest.mark.parametrize(
@@ -112,7 +97,7 @@ def test_capture_mode_follows_the_server(server_kwargs, want):
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_capture_mode_follows_the_spec_info(spec_mode, want):
     spec = types.SimpleNamespace(capture_hidden_mode=spec_mode)
-    assert target_prefill_capture_mode(ns_batch(spec_info=spec), ns_server()) == want
+    assert target_prefill_capture_mode(ns_batch(spec_info=spec), NULL) == want
 
 
 # ------------------------------------------------ the worker uses it
@@ -141,6 +126,13 @@ class FakeTarget:
         )
 
 
+# The one difference between the releases in the prefill branch these tests run: how
+# it enters the draft's tensor-parallel group. 0.5.17 calls the draft worker's own
+# draft_tp_context(draft_runner.tp_group); 0.5.23 calls spec_utils' draft_tp_context
+# with the DraftParallelLayout the draft worker resolved (its parallel_layout).
+DRAFT_LAYOUT = hasattr(fkv, "resolve_draft_parallel_layout")
+
+
 class FakeDraft:
     """Draft worker: only what the prefill branch touches."""
 
@@ -148,6 +140,7 @@ class FakeDraft:
         self.seed_args = None
         self.tp_contexts = []
         self.draft_runner = types.SimpleNamespace(tp_group="draft-tp-group")
+        self.parallel_layout = "draft-tp-group"  # DRAFT_LAYOUT
 
     @contextmanager
     def draft_tp_context(self, tp_group):
@@ -167,17 +160,42 @@ def real_draft_worker(topk=1):
     draft.draft_tp_context = empty_context  # what __init__ sets without DP attention
     # draft_runner -> model_runner -> _model_runner (read-only properties)
     draft._model_runner = types.SimpleNamespace(tp_group=None)
+    # DRAFT_LAYOUT: what __init__ resolves for the frozen draft (the target's layout)
+    draft.parallel_layout = types.SimpleNamespace(tp_group=None)
     return draft
 
 
-def make_worker(draft, server_args=None):
+def draft_context(draft):
+    """DRAFT_LAYOUT: a FakeDraft records the layout the prefill branch enters through
+    spec_utils' draft_tp_context, as it records the group 0.5.17 enters through the
+    draft worker's own."""
+    if DRAFT_LAYOUT and isinstance(draft, FakeDraft):
+        return mock.patch.object(fkv, "draft_tp_context", draft.draft_tp_context)
+    return nullcontext()
+
+
+@contextmanager
+def published_server(**fields):
+    """A dummy-model ServerArgs with ``fields``, published as the process's settings
+    (what get_server_return_hidden_states_mode() reads on 0.5.23); the worker also
+    gets it as its server_args (what it passes to that function on 0.5.17). The
+    previous settings come back afterwards."""
+    override = get_context().override_server_args(**fields)
+    server = override.install()
+    try:
+        yield server
+    finally:
+        override.restore()
+
+
+def make_worker(draft, server_args):
     """FrozenKVMTPWorkerV2 without __init__ (which builds model runners).
     target_worker / draft_worker are read-only properties of BaseSpecWorker
     over _target_worker / _draft_worker."""
     worker = object.__new__(fkv.FrozenKVMTPWorkerV2)
     worker._target_worker = FakeTarget()
     worker._draft_worker = draft
-    worker.server_args = server_args or ServerArgs(model_path="dummy")
+    worker.server_args = server_args
     return worker
 
 
@@ -191,12 +209,15 @@ def extend_batch(extend_lens, return_hidden_states_mode=NULL):
     return batch
 
 
-def run_prefill(extend_lens, return_hidden_states_mode=NULL, server_args=None, draft=None):
-    """One target-prefill step through FrozenKVMTPWorkerV2.forward_batch_generation.
+def run_prefill(extend_lens, return_hidden_states_mode=NULL, server=None, draft=None):
+    """One target-prefill step through FrozenKVMTPWorkerV2.forward_batch_generation,
+    with the server settings ``server`` (ServerArgs fields) published.
     Returns (the capture mode the target was asked for, the step's output, the worker)."""
-    worker = make_worker(draft or FakeDraft(), server_args)
-    batch = extend_batch(extend_lens, return_hidden_states_mode)
-    out = worker.forward_batch_generation(batch)
+    draft = draft or FakeDraft()
+    with published_server(**(server or {})) as server_args, draft_context(draft):
+        worker = make_worker(draft, server_args)
+        batch = extend_batch(extend_lens, return_hidden_states_mode)
+        out = worker.forward_batch_generation(batch)
     (mode,) = worker._target_worker.calls
     return mode, out, worker
 
@@ -224,11 +245,22 @@ def test_worker_target_prefill_full_when_a_request_returns_hidden_states():
     assert mode == LAST
 
 
+@pytest.mark.parametrize(
+    "server, want",
+    [
+        ({}, LAST),
+        ({"return_hidden_states_mode": "last"}, LAST),
+        ({"return_hidden_states_mode": "full"}, FULL),
+        ({"enable_return_hidden_states": True}, FULL),
+    ],
+    ids=["default", "mode-last", "mode-full", "enable"],
+)
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_worker_target_prefill_full_when_the_server_returns_hidden_states():
-    server = ServerArgs(model_path="dummy", return_hidden_states_mode="full")
-    mode, _, _ = run_prefill([5, 9], server_args=server)
-    assert mode == FULL
+def test_worker_target_prefill_follows_the_server(server, want):
+    """The worker reads the server's mode from the real settings (a request asks
+    for nothing here)."""
+    mode, _, _ = run_prefill([5, 9], server=server)
+    assert mode == want
 
 
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
@@ -263,7 +295,7 @@ def test_phase_target_prefill_fires():
 
 
 def test_phase_stock_full_capture_never_fires():
-    """Stock 0.5.17 asked the target prefill for FULL: YOCO could never fire."""
+    """Stock SGLang asked the target prefill for FULL: YOCO could never fire."""
     fb = make_batch([5, 9, 1])
     fb.capture_hidden_mode = FULL
     assert reason(fb) == "full hidden-state capture"
@@ -357,11 +389,12 @@ def _load_config(tmp_path_factory, name, cfg):
 
 @pytest.fixture(scope="module")
 def flag_on(tmp_path_factory):
-    """--kv-sharing-fast-prefill published, a 1-rank gloo model-parallel group,
-    and the tiny target / assistant configs. Torn down afterwards (the engine
-    tests start their schedulers in spawned processes, but leave no trace)."""
+    """--kv-sharing-fast-prefill published, a 1-rank gloo model-parallel group
+    (this process first in its pipeline), and the tiny target / assistant configs.
+    Torn down afterwards (the engine tests start their schedulers in spawned
+    processes, but leave no trace)."""
     from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.runtime_context import get_context, get_exec
+    from sglang.srt.runtime_context import get_exec, get_parallel
 
     target_cfg = _load_config(tmp_path_factory, "tiny_target", TINY_TEXT_CONFIG)
     assistant_cfg = _load_config(tmp_path_factory, "tiny_assistant", TINY_ASSISTANT_CONFIG)
@@ -383,8 +416,11 @@ def flag_on(tmp_path_factory):
                 local_rank=0,
                 distributed_init_method=f"tcp://127.0.0.1:{port}",
             )
-            ps.initialize_model_parallel(1)
-        yield types.SimpleNamespace(target=target_cfg, assistant=assistant_cfg)
+            ps.initialize_model_parallel()  # widths 1 (0.5.23 reads them published)
+        # The layers ask for this process's pipeline rank, which 0.5.23 takes from
+        # the launcher's rank bundle (none here) rather than from the groups.
+        with get_parallel().override(pp_rank=0):
+            yield types.SimpleNamespace(target=target_cfg, assistant=assistant_cfg)
     finally:
         if started:
             ps.destroy_model_parallel()
