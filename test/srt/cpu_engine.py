@@ -77,7 +77,9 @@ def server_arg_names() -> frozenset:
 def start_engine(model_path: str, **overrides):
     import sglang as sgl
 
-    kwargs = dict(ENGINE_DEFAULTS)
+    from server_process import free_port
+
+    kwargs = dict(ENGINE_DEFAULTS, nccl_port=free_port())
     kwargs.update(overrides)
     return sgl.Engine(model_path=model_path, **kwargs)
 

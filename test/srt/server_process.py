@@ -6,6 +6,7 @@ detokenizer children.
 """
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,9 +33,24 @@ SERVER_ARGS = [
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range. A server binds its ports only once
+    its model has loaded; until then a port from that range can go to any connection on
+    the machine (another test's requests): the bind failed with EADDRINUSE in CI. The
+    engine's own pick of its rendezvous port has the same race on 0.5.17 (0.5.23 picks
+    it below the range: `utils/network.py:get_free_port_below_ephemeral`)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    for port in random.sample(range(20000, min(ephemeral, 32768)), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class ServerProcess:
@@ -47,7 +63,8 @@ class ServerProcess:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
                    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN="1")
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-               "--host", "127.0.0.1", "--port", str(self.port), *SERVER_ARGS, *extra_args]
+               "--host", "127.0.0.1", "--port", str(self.port),
+               "--nccl-port", str(free_port()), *SERVER_ARGS, *extra_args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
 
