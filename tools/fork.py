@@ -700,6 +700,27 @@ def known_bases(fork: Fork) -> list[str]:
     return [default] + sorted(p.parent.name for p in (fork.root / "bases").glob("*/upstream.json"))
 
 
+PENDING_RE = re.compile(r"^#\s*not yet ported:\s*(\S+)\s*$")
+
+
+def pending_steps(fork: Fork) -> dict[str, str]:
+    """{step name: stack} of the default series' steps that this base's series lists as
+    ``# not yet ported: NN-stack/NNNN-name.patch`` (a stack ported in part)."""
+    if fork.base is None:
+        return {}
+    default = {s.line: s for s in read_series(Fork(root=fork.root, cache_dir=fork.cache_dir),
+                                                need_files=False)}
+    pd = fork.rel(fork.patches_dir)
+    out = {}
+    for n, line in enumerate((fork.patches_dir / "series").read_text().splitlines(), 1):
+        m = PENDING_RE.match(line.strip())
+        if m:
+            if m[1] not in default:
+                raise ForkError(f"{pd}/series:{n}: {m[1]} is not a step of patches/series")
+            out[default[m[1]].name] = default[m[1]].stack
+    return out
+
+
 def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
                   ) -> tuple[list[MarkedTest], list[MarkedTest]]:
     """(the tests this base's series runs, those it leaves out, counted).
@@ -709,8 +730,9 @@ def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
     have, or a step only another base's series has). A step may also be absent from
     another base because that release already has the fix or no longer needs it: its
     tests then run with their stack's tests, where they must pass, as a regression check
-    of upstream's code. The default base's series has every stack and every step that
-    its tests name."""
+    of upstream's code. A step the series lists as not yet ported leaves its tests out,
+    and its stack's (they test the whole stack). The default base's series has every stack
+    and every step that its tests name."""
     version, bases = fork.pin["version"], known_bases(fork)
     for t in tests:
         unknown = sorted(set(t.bases or ()) - set(bases))
@@ -723,9 +745,14 @@ def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
         validate_marks(here, steps)
         return here, elsewhere
     stacks, names = {s.stack for s in steps}, {s.name for s in steps}
+    pending = pending_steps(fork)
+    if set(pending) & names:
+        raise ForkError(f"{fork.rel(fork.patches_dir)}/series lists as not yet ported a step "
+                        f"it has: {', '.join(sorted(set(pending) & names))}")
     kept, left_out = [], list(elsewhere)
     for t in here:
-        if t.stack not in stacks:
+        if t.stack not in stacks or t.step in pending or (
+                t.step is None and t.stack in pending.values()):
             left_out.append(t)
         elif t.step is not None and t.step not in names:
             kept.append(MarkedTest(t.nodeid, t.stack))
@@ -739,9 +766,14 @@ def left_out_why(fork: Fork, left_out: list[MarkedTest], steps: list[Step]) -> s
     version, stacks = fork.pin["version"], {s.stack for s in steps}
     other = [t for t in left_out if t.bases is not None and version not in t.bases]
     unported = sorted({t.stack for t in left_out if t not in other and t.stack not in stacks})
+    part = [t for t in left_out if t not in other and t.stack in stacks]
     why = []
     if unported:
         why.append(f"of stacks not ported to sglang {version} yet: " + ", ".join(unported))
+    if part:
+        why.append(f"{len(part)} of stacks ported in part ("
+                   + ", ".join(sorted({t.stack for t in part})) + "; steps not yet ported "
+                   "and their stack's tests)")
     if other:
         why.append(f"{len(other)} for other releases' code ("
                    + ", ".join(sorted({"/".join(t.bases) for t in other})) + ")")
