@@ -23,7 +23,12 @@ Another upstream release is a base of its own, bases/VERSION/ (`--base VERSION`,
 the command): its pinned wheel, requirements, series, cover letters and the few new
 modules that must differ there. Its series may not have every stack yet: tests of the
 missing stacks are left out of its check and counted, as are tests marked for other
-releases only (`bases=`: they test upstream code this release does not have).
+releases only (`bases=`: they test upstream code this release does not have). A stack
+ported in part names each step it does not have yet in its series as a comment,
+`# not yet ported: NN-stack/NNNN-name.patch` (the default series' line): that step's
+tests, and its stack's tests without a step, are left out and counted. A step of a
+ported stack that is neither listed nor declared so is one upstream already has (or that
+this release does not need): its tests run with its stack's, as a regression check.
 
 Commands (python3 tools/fork.py [--base VERSION] CMD --help):
   materialize DIR      the wheel's sglang/ as a git repo in DIR, one commit per step
@@ -700,6 +705,35 @@ def known_bases(fork: Fork) -> list[str]:
     return [default] + sorted(p.parent.name for p in (fork.root / "bases").glob("*/upstream.json"))
 
 
+NOT_YET_PORTED_RE = re.compile(r"^#\s*not yet ported:\s*(\S+)\s*$")
+
+
+def not_yet_ported(fork: Fork, steps: list[Step]) -> set[tuple[str, str]]:
+    """(stack, step) of each step that this base's series declares not ported yet
+    (`# not yet ported: NN-stack/NNNN-name.patch`, a line of the default series)."""
+    if fork.base is None:
+        return set()
+    pd = fork.rel(fork.patches_dir)
+    default = {s.line: s for s in read_series(Fork(root=fork.root, cache_dir=fork.cache_dir),
+                                              need_files=False)}
+    stacks, names = {s.stack for s in steps}, {s.name for s in steps}
+    pending = set()
+    for n, line in enumerate((fork.patches_dir / "series").read_text().splitlines(), 1):
+        m = NOT_YET_PORTED_RE.match(line.strip())
+        if not m:
+            continue
+        s = default.get(m[1])
+        if s is None:
+            raise ForkError(f"{pd}/series:{n}: {m[1]} is not a step of the default series")
+        if s.stack not in stacks or s.name in names:
+            raise ForkError(f"{pd}/series:{n}: {m[1]} is declared not yet ported, but "
+                            + ("its stack is not in this series (a stack not ported needs "
+                               "no declaration)" if s.stack not in stacks
+                               else "this series has that step"))
+        pending.add((s.stack, s.name))
+    return pending
+
+
 def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
                   ) -> tuple[list[MarkedTest], list[MarkedTest]]:
     """(the tests this base's series runs, those it leaves out, counted).
@@ -723,9 +757,12 @@ def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
         validate_marks(here, steps)
         return here, elsewhere
     stacks, names = {s.stack for s in steps}, {s.name for s in steps}
+    pending = not_yet_ported(fork, steps)
+    partial = {stack for stack, _ in pending}
     kept, left_out = [], list(elsewhere)
     for t in here:
-        if t.stack not in stacks:
+        if t.stack not in stacks or (t.stack, t.step) in pending or (
+                t.step is None and t.stack in partial):
             left_out.append(t)
         elif t.step is not None and t.step not in names:
             kept.append(MarkedTest(t.nodeid, t.stack))
@@ -739,9 +776,13 @@ def left_out_why(fork: Fork, left_out: list[MarkedTest], steps: list[Step]) -> s
     version, stacks = fork.pin["version"], {s.stack for s in steps}
     other = [t for t in left_out if t.bases is not None and version not in t.bases]
     unported = sorted({t.stack for t in left_out if t not in other and t.stack not in stacks})
+    in_part = [t for t in left_out if t not in other and t.stack in stacks]
     why = []
     if unported:
         why.append(f"of stacks not ported to sglang {version} yet: " + ", ".join(unported))
+    if in_part:
+        why.append(f"{len(in_part)} of steps not ported yet ("
+                   + ", ".join(sorted({t.stack for t in in_part})) + ")")
     if other:
         why.append(f"{len(other)} for other releases' code ("
                    + ", ".join(sorted({"/".join(t.bases) for t in other})) + ")")
