@@ -23,7 +23,12 @@ Another upstream release is a base of its own, bases/VERSION/ (`--base VERSION`,
 the command): its pinned wheel, requirements, series, cover letters and the few new
 modules that must differ there. Its series may not have every stack yet: tests of the
 missing stacks are left out of its check and counted, as are tests marked for other
-releases only (`bases=`: they test upstream code this release does not have).
+releases only (`bases=`: they test upstream code this release does not have). A stack
+ported in part names each step it does not have yet in its series as a comment,
+`# not yet ported: NN-stack/NNNN-name.patch` (the default series' line): that step's
+tests, and its stack's tests without a step, are left out and counted. A step of a
+ported stack that is neither listed nor declared so is one upstream already has (or that
+this release does not need): its tests run with its stack's, as a regression check.
 
 Commands (python3 tools/fork.py [--base VERSION] CMD --help):
   materialize DIR      the wheel's sglang/ as a git repo in DIR, one commit per step
@@ -700,25 +705,33 @@ def known_bases(fork: Fork) -> list[str]:
     return [default] + sorted(p.parent.name for p in (fork.root / "bases").glob("*/upstream.json"))
 
 
-PENDING_RE = re.compile(r"^#\s*not yet ported:\s*(\S+)\s*$")
+NOT_YET_PORTED_RE = re.compile(r"^#\s*not yet ported:\s*(\S+)\s*$")
 
 
-def pending_steps(fork: Fork) -> dict[str, str]:
-    """{step name: stack} of the default series' steps that this base's series lists as
-    ``# not yet ported: NN-stack/NNNN-name.patch`` (a stack ported in part)."""
+def not_yet_ported(fork: Fork, steps: list[Step]) -> set[tuple[str, str]]:
+    """(stack, step) of each step that this base's series declares not ported yet
+    (`# not yet ported: NN-stack/NNNN-name.patch`, a line of the default series)."""
     if fork.base is None:
-        return {}
-    default = {s.line: s for s in read_series(Fork(root=fork.root, cache_dir=fork.cache_dir),
-                                                need_files=False)}
+        return set()
     pd = fork.rel(fork.patches_dir)
-    out = {}
+    default = {s.line: s for s in read_series(Fork(root=fork.root, cache_dir=fork.cache_dir),
+                                              need_files=False)}
+    stacks, names = {s.stack for s in steps}, {s.name for s in steps}
+    pending = set()
     for n, line in enumerate((fork.patches_dir / "series").read_text().splitlines(), 1):
-        m = PENDING_RE.match(line.strip())
-        if m:
-            if m[1] not in default:
-                raise ForkError(f"{pd}/series:{n}: {m[1]} is not a step of patches/series")
-            out[default[m[1]].name] = default[m[1]].stack
-    return out
+        m = NOT_YET_PORTED_RE.match(line.strip())
+        if not m:
+            continue
+        s = default.get(m[1])
+        if s is None:
+            raise ForkError(f"{pd}/series:{n}: {m[1]} is not a step of the default series")
+        if s.stack not in stacks or s.name in names:
+            raise ForkError(f"{pd}/series:{n}: {m[1]} is declared not yet ported, but "
+                            + ("its stack is not in this series (a stack not ported needs "
+                               "no declaration)" if s.stack not in stacks
+                               else "this series has that step"))
+        pending.add((s.stack, s.name))
+    return pending
 
 
 def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
@@ -730,9 +743,8 @@ def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
     have, or a step only another base's series has). A step may also be absent from
     another base because that release already has the fix or no longer needs it: its
     tests then run with their stack's tests, where they must pass, as a regression check
-    of upstream's code. A step the series lists as not yet ported leaves its tests out,
-    and its stack's (they test the whole stack). The default base's series has every stack
-    and every step that its tests name."""
+    of upstream's code. The default base's series has every stack and every step that
+    its tests name."""
     version, bases = fork.pin["version"], known_bases(fork)
     for t in tests:
         unknown = sorted(set(t.bases or ()) - set(bases))
@@ -745,14 +757,12 @@ def tests_of_base(fork: Fork, tests: list[MarkedTest], steps: list[Step]
         validate_marks(here, steps)
         return here, elsewhere
     stacks, names = {s.stack for s in steps}, {s.name for s in steps}
-    pending = pending_steps(fork)
-    if set(pending) & names:
-        raise ForkError(f"{fork.rel(fork.patches_dir)}/series lists as not yet ported a step "
-                        f"it has: {', '.join(sorted(set(pending) & names))}")
+    pending = not_yet_ported(fork, steps)
+    partial = {stack for stack, _ in pending}
     kept, left_out = [], list(elsewhere)
     for t in here:
-        if t.stack not in stacks or t.step in pending or (
-                t.step is None and t.stack in pending.values()):
+        if t.stack not in stacks or (t.stack, t.step) in pending or (
+                t.step is None and t.stack in partial):
             left_out.append(t)
         elif t.step is not None and t.step not in names:
             kept.append(MarkedTest(t.nodeid, t.stack))
@@ -766,14 +776,13 @@ def left_out_why(fork: Fork, left_out: list[MarkedTest], steps: list[Step]) -> s
     version, stacks = fork.pin["version"], {s.stack for s in steps}
     other = [t for t in left_out if t.bases is not None and version not in t.bases]
     unported = sorted({t.stack for t in left_out if t not in other and t.stack not in stacks})
-    part = [t for t in left_out if t not in other and t.stack in stacks]
+    in_part = [t for t in left_out if t not in other and t.stack in stacks]
     why = []
     if unported:
         why.append(f"of stacks not ported to sglang {version} yet: " + ", ".join(unported))
-    if part:
-        why.append(f"{len(part)} of stacks ported in part ("
-                   + ", ".join(sorted({t.stack for t in part})) + "; steps not yet ported "
-                   "and their stack's tests)")
+    if in_part:
+        why.append(f"{len(in_part)} of steps not ported yet ("
+                   + ", ".join(sorted({t.stack for t in in_part})) + ")")
     if other:
         why.append(f"{len(other)} for other releases' code ("
                    + ", ".join(sorted({"/".join(t.bases) for t in other})) + ")")

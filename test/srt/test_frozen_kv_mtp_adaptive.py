@@ -1,9 +1,11 @@
 """--speculative-adaptive under FROZEN_KV_MTP (step frozen-kv-mtp-adaptive,
 speculative/frozen_kv_mtp_adaptive.py) and its per-state capture sizes (step
 spec-adaptive-per-state-capture-sizes, speculative/adaptive_capture_sizes.py), on
-CPU, no engine.
+CPU, no engine. Works on both bases (0.5.17, 0.5.23); what differs is decided
+once, below (WORKER_TAKES_PS, DRAFT_GRAPH_FROM_STEPS).
 
-Stock 0.5.17 asserts against adaptive speculation in FrozenKVMTPWorkerV2. The
+Stock asserts against adaptive speculation in FrozenKVMTPWorkerV2 (and 0.5.23's
+server arguments turn it off first). The
 fork builds EAGLE v2's AdaptiveController there; the worker's real
 ``build_adaptive_runtime_state`` / ``apply_runtime_state`` (inherited from
 EAGLEWorkerV2) run here over stand-in model runners, with the runtime context
@@ -11,14 +13,17 @@ published, and real decode rounds go through ``forward_batch_generation``:
 - at 0 draft steps the drafter is not run; the target verifies the bonus token
   alone and the next seed is that verify's hidden row;
 - each runtime state has its own draft attention backend, and a state with no
-  draft graph (steps <= 1) does not inherit another state's graph runner.
+  draft graph (0 steps; 1 too on 0.5.17) does not inherit another state's graph
+  runner.
 """
 
+import inspect
 import types
 from contextlib import contextmanager
 
 import pytest
 import torch
+from resolved_server_args import published
 from transformers import PretrainedConfig
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -29,13 +34,16 @@ from sglang.srt.model_executor.cuda_graph_config import (
     cuda_graph_fully_disabled,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.runtime_context import get_context, get_spec
+from sglang.srt.runtime_context import get_context, get_exec, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import eagle_worker_v2
 from sglang.srt.speculative import frozen_kv_mtp_cuda_graph_runner as fkv_graph
 from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
-from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
+from sglang.srt.speculative.adaptive_spec_params import (
+    DEFAULT_ADAPTIVE_CONFIG,
+    adaptive_unsupported_reason,
+)
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.frozen_kv_mtp_info import (
     FrozenKVMTPDraftInput,
@@ -45,8 +53,20 @@ from sglang.srt.utils import empty_context
 
 pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="frozen-kv-mtp-adaptive")
 
+# What differs between the releases here, probed once:
+# - 0.5.17's worker takes the ParallelState (server_args, gpu_id, ps, nccl_port,
+#   target_worker); 0.5.23's reads it from the published context.
+WORKER_TAKES_PS = "ps" in inspect.signature(fkv.FrozenKVMTPWorkerV2.__init__).parameters
+# - the fewest draft steps the frozen draft captures a graph for: 0.5.17's one-step
+#   draft runs no forward it could capture (2); 0.5.23's runs the assistant seed
+#   forward (1).
+DRAFT_GRAPH_FROM_STEPS = 2 if WORKER_TAKES_PS else 1
+
 HIDDEN = 4
-DEFAULT_CANDIDATES = [0, 1, 3, 7]  # union of stock DEFAULT_ADAPTIVE_CONFIG
+# union of stock DEFAULT_ADAPTIVE_CONFIG ([0, 1, 3, 7]; 0.5.23 adds 5 from batch 1)
+DEFAULT_CANDIDATES = sorted(
+    {s for slot in DEFAULT_ADAPTIVE_CONFIG.values() for s in slot["candidate_steps"]}
+)
 
 
 def frozen_args(**kw):
@@ -137,9 +157,14 @@ class GraphRunner:
         self.capture_bs = decode_bs_read_by_runners()
 
 
+def graph_config():
+    """The resolved CUDA graph settings, as the runners read them."""
+    return get_exec().graph.cuda_graph_config
+
+
 def decode_bs_read_by_runners():
     """What get_batch_sizes_to_capture reads: the resolved decode graph list."""
-    cfg = get_context().server_args.cuda_graph_config
+    cfg = graph_config()
     return None if cfg is None else list(cfg.decode.bs)
 
 
@@ -154,7 +179,8 @@ def draft_worker():
     dw.device = "cpu"
     dw.gpu_id = 0
     dw.target_worker = types.SimpleNamespace(device="cuda")
-    dw.draft_tp_context = empty_context
+    dw.draft_tp_context = empty_context  # 0.5.17
+    dw.parallel_layout = types.SimpleNamespace(tp_group=None)  # 0.5.23: the target's
     dw.draft_attn_backend = dw._model_runner.attn_backend  # topk 1: the runner's own
     dw.cuda_graph_runner = "draft-graphs-steps-3"
     dw.draft_extend_attn_backend = None
@@ -174,15 +200,15 @@ def build_worker(monkeypatch, args):
     # capture as on a GPU (the CPU context has graphs off; only the draft graph
     # decision reads this)
     monkeypatch.setattr(fkv, "cuda_graph_fully_disabled", lambda: False)
-    with get_context().preserve_config():
-        get_context().set_server_args(args)
+    with published(args):
         dw = draft_worker()
         monkeypatch.setattr(fkv, "FrozenKVMTPDraftWorker", lambda *a, **k: dw)
         target = types.SimpleNamespace(
             model_runner=TargetRunner(),
             get_memory_pool=lambda: ("req_to_token_pool", "allocator"),
         )
-        w = fkv.FrozenKVMTPWorkerV2(get_context().server_args, 0, None, 0, target)
+        ps = (None,) if WORKER_TAKES_PS else ()
+        w = fkv.FrozenKVMTPWorkerV2(get_context().server_args, 0, *ps, 0, target)
         assert isinstance(w.adaptive_controller, AdaptiveController)
         # EAGLEWorkerV2.init_cuda_graphs, as at start-up; the draft worker's
         # own graph set-up (TpModelWorker) is not under test.
@@ -206,9 +232,14 @@ def test_each_state_has_its_own_draft_backend_and_graphs(worker):
     states = worker.adaptive_controller._states
     backends = [states[s].draft_attn_backend for s in DEFAULT_CANDIDATES]
     assert len({id(b) for b in backends}) == len(backends)
-    # steps <= 1 capture no draft graph, and must not keep the steps-3 one
+    # a state with no draft graph must not keep another state's (here the steps-3 one)
     assert states[0].cuda_graph_runner is None
-    assert states[1].cuda_graph_runner is None
+    g1 = states[1].cuda_graph_runner
+    if DRAFT_GRAPH_FROM_STEPS > 1:
+        assert g1 is None
+    else:
+        assert isinstance(g1, GraphRunner) and g1.steps == 1
+        assert g1.backend is states[1].draft_attn_backend
     assert states[3].cuda_graph_runner == "draft-graphs-steps-3"
     g7 = states[7].cuda_graph_runner
     assert isinstance(g7, GraphRunner)
@@ -236,7 +267,7 @@ def test_batch_size_picks_the_step_count(worker):
     ctl = worker.adaptive_controller
     ctl.activate_step_by_batch(80)  # stock config: [0] from batch 64
     assert worker.speculative_num_steps == 0
-    ctl.activate_step_by_batch(1)  # [1, 3, 7] from batch 1; starts on 3
+    ctl.activate_step_by_batch(1)  # [1, 3, (5,) 7] from batch 1; starts on 3
     assert worker.speculative_num_steps == 3
 
 
@@ -264,11 +295,13 @@ def test_each_state_captures_only_the_batch_sizes_that_reach_it(graph_worker):
     assert states[7].target_graph_runner.capture_bs == [1, 2, 4]
     assert states[7].cuda_graph_runner.capture_bs == [1, 2, 4]
     assert states[1].target_graph_runner.capture_bs == [b for b in GRAPH_BS if b < 64]
+    if DRAFT_GRAPH_FROM_STEPS == 1:
+        assert states[1].cuda_graph_runner.capture_bs == [b for b in GRAPH_BS if b < 64]
     assert states[0].target_graph_runner.capture_bs == [b for b in GRAPH_BS if b >= 8]
     # the start-up state (3 steps) was captured before; the list is restored
     assert states[3].target_graph_runner == "target-graphs-initial"
-    assert get_context().server_args.cuda_graph_config.decode.bs == GRAPH_BS
-    assert get_context().server_args.cuda_graph_config.decode.backend == GraphBackend.FULL
+    assert graph_config().decode.bs == GRAPH_BS
+    assert graph_config().decode.backend == GraphBackend.FULL
 
 
 def test_every_step_a_batch_can_switch_to_has_its_graph(graph_worker):
@@ -294,14 +327,13 @@ def test_a_step_no_batch_reaches_captures_no_graph(monkeypatch):
         decode=PhaseConfig(backend=GraphBackend.FULL, bs=[1, 2]),
         prefill=PhaseConfig(backend=GraphBackend.BREAKABLE),
     )
-    with get_context().preserve_config():
-        get_context().set_server_args(args)
+    with published(args):
         with capture_sizes([]):
             assert cuda_graph_fully_disabled()
         with capture_sizes(None):
-            assert args.cuda_graph_config.decode.bs == [1, 2]
+            assert graph_config().decode.bs == [1, 2]
         assert not cuda_graph_fully_disabled()
-        assert args.cuda_graph_config.prefill.backend == GraphBackend.BREAKABLE
+        assert graph_config().prefill.backend == GraphBackend.BREAKABLE
 
 
 # ------------------------------------------------ decode rounds
@@ -406,10 +438,15 @@ def test_shared_logits_buffer_holds_the_widest_adaptive_verify(monkeypatch, adap
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     # capture sizes as the decode graph config gives them (up to 80 requests)
-    monkeypatch.setattr(mr_mod, "get_batch_sizes_to_capture", lambda runner, width: ([1, 8, 64, 80], []))
+    monkeypatch.setattr(
+        mr_mod, "get_batch_sizes_to_capture", lambda runner, width, **kw: ([1, 8, 64, 80], [])
+    )
     args = frozen_args(speculative_adaptive=adaptive)
     runner = object.__new__(ModelRunner)
-    runner.server_args = args
+    runner.server_args = args  # what 0.5.17 reads
     runner.spec_algorithm = SpeculativeAlgorithm.from_string("FROZEN_KV_MTP")
     runner.is_draft_worker = False
-    assert runner.max_decode_logits_rows() == rows
+    # 0.5.23 also asks the decode graph runner class which gathers it needs (none here)
+    runner.decode_graph_gather_requirements = lambda: (False, False)
+    with published(args):  # what 0.5.23 reads
+        assert runner.max_decode_logits_rows() == rows

@@ -2,10 +2,15 @@
 event (as plain decode waits on its graph's), not on the whole forward.
 
 Stock: FrozenKVMTPWorkerV2 inherits EAGLE v2's barrier runner (the draft
-runner), which never publishes an event under the frozen drafter, and the verify
-graph publishes none outside DFlash, so the scheduler always took
-``wait_stream(forward_stream)``. CPU only: the graph runner's ``execute`` runs
-over stand-ins (load and replay recorded, events counted).
+runner), which never publishes an event under the frozen drafter, so the
+scheduler always took ``wait_stream(forward_stream)``. On 0.5.17 the verify
+graph published no event outside DFlash either, and the step makes it publish
+one under FROZEN_KV_MTP; 0.5.23's verify graph already publishes one (its
+attention backend declares where the shared reads end), and the step is the
+worker half only. CPU only: the scheduler's barrier and the graph runner's
+``execute`` run over stand-ins (load and replay recorded, events counted).
+
+Works on both bases; what differs is decided once, below (SHARED_READ_ENDS).
 """
 
 import contextlib
@@ -15,31 +20,81 @@ import pytest
 import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event")
+
+# The one capability switch. 0.5.23 names the barrier's runner
+# last_shared_read_runner and its event shared_read_done_event, and the
+# attention backend declares where a graph's shared reads end
+# (shared_read_ends); 0.5.17 names them war_fastpath_runner and
+# war_fastpath_read_done_event, and the graph runner decides.
+SHARED_READ_ENDS = hasattr(BaseSpecWorker, "last_shared_read_runner")
+BARRIER_RUNNER = "last_shared_read_runner" if SHARED_READ_ENDS else "war_fastpath_runner"
+READ_DONE = "shared_read_done_event" if SHARED_READ_ENDS else "war_fastpath_read_done_event"
+
+
+def runner(name):
+    r = types.SimpleNamespace(name=name)
+    setattr(r, READ_DONE, None)
+    return r
 
 
 def frozen_worker(topk):
     w = object.__new__(fkv.FrozenKVMTPWorkerV2)
     w.topk = topk
-    w._target_worker = types.SimpleNamespace(model_runner="target-runner")
-    w._draft_worker = types.SimpleNamespace(draft_runner="draft-runner")
+    w._target_worker = types.SimpleNamespace(model_runner=runner("target-runner"))
+    w._draft_worker = types.SimpleNamespace(draft_runner=runner("draft-runner"))
     return w
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", fails_before=True)
 def test_topk_1_barrier_reads_the_target_runner():
-    assert frozen_worker(1).war_fastpath_runner == "target-runner"
+    assert getattr(frozen_worker(1), BARRIER_RUNNER).name == "target-runner"
 
 
 def test_topk_above_1_keeps_the_whole_forward_barrier():
     # topk > 1 compacts the accepted path after verify, reading req_to_token
-    assert frozen_worker(2).war_fastpath_runner == "draft-runner"
+    assert getattr(frozen_worker(2), BARRIER_RUNNER).name == "draft-runner"
 
+
+def barrier_after_verify(worker):
+    """The scheduler's WAR barrier after a decode round whose verify graph
+    published its read-done event on the target runner (the frozen drafter's
+    draft-extend runs no forward: the draft runner publishes nothing)."""
+    waits = []
+    s = object.__new__(Scheduler)
+    s._war_barrier_enabled = True
+    s.model_worker = worker
+    s.forward_stream = "forward-stream"
+    s.schedule_stream = types.SimpleNamespace(
+        wait_event=lambda ev: waits.append(("event", ev)),
+        wait_stream=lambda stream: waits.append(("stream", stream)),
+    )
+    target = worker._target_worker.model_runner
+    setattr(target, READ_DONE, "verify-read-done")
+    s._apply_war_barrier()
+    return waits, target
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", fails_before=True)
+def test_scheduler_waits_on_the_verify_event_not_the_forward():
+    waits, target = barrier_after_verify(frozen_worker(1))
+    assert waits == [("event", "verify-read-done")]
+    assert getattr(target, READ_DONE) is None  # consumed: a round that skips it falls back
+
+
+def test_scheduler_keeps_the_forward_barrier_at_topk_above_1():
+    waits, _ = barrier_after_verify(frozen_worker(2))
+    assert waits == [("stream", "forward-stream")]
+
+
+# ------------------------------------------------ the verify graph publishes its event
 
 class Event:
     def __init__(self, log):
@@ -50,6 +105,7 @@ class Event:
 
 
 def graph_runner(algorithm, log, breakable=False):
+    """0.5.17's DecodeCudaGraphRunner over stand-ins."""
     r = object.__new__(DecodeCudaGraphRunner)
     r.model_runner = types.SimpleNamespace(
         device_timer=None,
@@ -72,6 +128,7 @@ def graph_runner(algorithm, log, breakable=False):
     return r
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", bases=("0.5.17",))
 @pytest.mark.parametrize(
     "algorithm, mode, order",
     [
@@ -91,9 +148,62 @@ def test_verify_graph_publishes_its_read_done_event(algorithm, mode, order):
     assert out.next_token_logits.shape == (4, 8)
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", bases=("0.5.17",))
 def test_breakable_verify_graph_publishes_after_replay():
     log = []
     graph_runner("FROZEN_KV_MTP", log, breakable=True).execute(
         types.SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY)
     )
     assert log == ["load", "replay", "event"]
+
+
+def graph_runner_0523(log, in_graph_marker=True):
+    """0.5.23's DecodeCudaGraphRunner over stand-ins, on a triton attention
+    backend (what FROZEN_KV_MTP verifies Gemma-4 with): the backend declares
+    where the graph's shared reads end."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    r = object.__new__(DecodeCudaGraphRunner)
+    r.model_runner = types.SimpleNamespace(
+        device_timer=None,
+        is_draft_worker=False,
+        spec_algorithm=SpeculativeAlgorithm.from_string("FROZEN_KV_MTP"),
+        shared_read_done_event=None,
+    )
+    r.enable_pdmux = False
+    r.attn_backend = object.__new__(TritonAttnBackend)
+    r.in_graph_metadata_prep_done = "in-graph-marker" if in_graph_marker else None
+    r.model_context = contextlib.nullcontext
+    r.device_module = types.SimpleNamespace(Event=lambda: Event(log))
+    r.backend = types.SimpleNamespace(
+        replay_session=contextlib.nullcontext,
+        replay=lambda key, fb: log.append("replay")
+        or LogitsProcessorOutput(next_token_logits=torch.zeros(4, 8), hidden_states=None),
+    )
+    r.load_batch = lambda fb, pp=None: log.append("load")
+    r._replay_graph_key = None
+    r.raw_num_token = 4
+    r.is_dllm = False
+    return r
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", bases=("0.5.23",))
+def test_upstream_verify_graph_publishes_its_in_graph_marker():
+    """The runner half of the 0.5.17 step is upstream on 0.5.23: the verify
+    graph hands the barrier the in-graph marker recorded after its metadata
+    reads (no event of its own), for FROZEN_KV_MTP as for every algorithm."""
+    log = []
+    r = graph_runner_0523(log)
+    out = r.execute(types.SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY))
+    assert log == ["load", "replay"]
+    assert r.model_runner.shared_read_done_event == "in-graph-marker"
+    assert out.next_token_logits.shape == (4, 8)
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", bases=("0.5.23",))
+def test_upstream_verify_graph_without_marker_publishes_after_replay():
+    log = []
+    r = graph_runner_0523(log, in_graph_marker=False)
+    r.execute(types.SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY))
+    assert log == ["load", "replay", "event"]
+    assert isinstance(r.model_runner.shared_read_done_event, Event)

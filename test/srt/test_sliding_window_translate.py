@@ -1,13 +1,11 @@
 """Step window-translate-without-sync (layers/attention/sliding_window_translate.py): the triton
 backend's sliding-window indices are translated to the SWA pool without a
 device-to-host sync, and give what stock 0.5.17's sliced translation gave.
+0.5.17 only: 0.5.23's index kernel takes the full-to-SWA map and has no such
+sync (its series does not need the step).
 
 On CPU a sync shows as the aten op behind ``.item()`` / ``__index__``
 (``_local_scalar_dense``); a dispatch mode counts those.
-
-0.5.17 only: 0.5.23 translates the window inside its index kernel
-(``update_sliding_window_buffer`` passes the full-to-SWA map to ``pack_read_stream``),
-so it has no such step (bases/0.5.23/STATUS.md).
 """
 
 import pytest
@@ -21,7 +19,9 @@ from sglang.srt.layers.attention.sliding_window_translate import (
     translate_window_in_place,
 )
 
-pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="window-translate-without-sync", bases=("0.5.17",))
+pytestmark = pytest.mark.stack(
+    "frozen-kv-mtp-speed", step="window-translate-without-sync", bases=("0.5.17",)
+)
 
 
 class HostReads(TorchDispatchMode):
@@ -86,7 +86,12 @@ def test_same_indices_as_stock_and_stale_tail_kept(torch_kernel, bs, window, buf
         assert torch.equal(out[1][end:], indices[end:])  # untouched past the end
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step="window-translate-without-sync", bases=("0.5.17",), fails_before=True)
+@pytest.mark.stack(
+    "frozen-kv-mtp-speed",
+    step="window-translate-without-sync",
+    fails_before=True,
+    bases=("0.5.17",),
+)
 def test_translation_reads_nothing_on_the_host():
     pool = FakeSWAPool(4096)
     bs, window = 6, 32

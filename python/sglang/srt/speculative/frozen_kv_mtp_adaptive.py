@@ -33,8 +33,9 @@ def init_state_draft_attn_backend(draft_worker) -> None:
     runner = draft_worker.draft_model_runner
     draft_worker.draft_attn_backend = runner._get_attention_backend()
     runner.draft_attn_backend = draft_worker.draft_attn_backend
-    # Steps <= 1 capture no draft graph; without this reset the state would
-    # keep the runner of the state built before it (captured for other steps).
+    # A state whose draft captures no graph (0 steps, or 1 where the one-step
+    # draft has none) would otherwise keep the runner of the state built
+    # before it (captured for other steps).
     draft_worker.cuda_graph_runner = None
 
 
