@@ -104,17 +104,9 @@ class Event:
         self.log.append("event")
 
 
-def graph_runner(algorithm, log, breakable=False):
-    """0.5.17's DecodeCudaGraphRunner over stand-ins."""
-    r = object.__new__(DecodeCudaGraphRunner)
-    r.model_runner = types.SimpleNamespace(
-        device_timer=None,
-        spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
-        war_fastpath_read_done_event=None,
-    )
-    r.attn_backend = types.SimpleNamespace(
-        use_captured_forward_metadata_for_breakable_cuda_graph=breakable
-    )
+def replays_into(r, log):
+    """Stand-ins for the graph replay of runner ``r``: loading, events and the replay
+    append to ``log``."""
     r.device_module = types.SimpleNamespace(Event=lambda: Event(log))
     r.backend = types.SimpleNamespace(
         replay_session=contextlib.nullcontext,
@@ -126,6 +118,20 @@ def graph_runner(algorithm, log, breakable=False):
     r.raw_num_token = 4
     r.is_dllm = False
     return r
+
+
+def graph_runner(algorithm, log, breakable=False):
+    """0.5.17's DecodeCudaGraphRunner over stand-ins."""
+    r = object.__new__(DecodeCudaGraphRunner)
+    r.model_runner = types.SimpleNamespace(
+        device_timer=None,
+        spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
+        war_fastpath_read_done_event=None,
+    )
+    r.attn_backend = types.SimpleNamespace(
+        use_captured_forward_metadata_for_breakable_cuda_graph=breakable
+    )
+    return replays_into(r, log)
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", bases=("0.5.17",))
@@ -174,17 +180,7 @@ def graph_runner_0523(log, in_graph_marker=True):
     r.attn_backend = object.__new__(TritonAttnBackend)
     r.in_graph_metadata_prep_done = "in-graph-marker" if in_graph_marker else None
     r.model_context = contextlib.nullcontext
-    r.device_module = types.SimpleNamespace(Event=lambda: Event(log))
-    r.backend = types.SimpleNamespace(
-        replay_session=contextlib.nullcontext,
-        replay=lambda key, fb: log.append("replay")
-        or LogitsProcessorOutput(next_token_logits=torch.zeros(4, 8), hidden_states=None),
-    )
-    r.load_batch = lambda fb, pp=None: log.append("load")
-    r._replay_graph_key = None
-    r.raw_num_token = 4
-    r.is_dllm = False
-    return r
+    return replays_into(r, log)
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", bases=("0.5.23",))
