@@ -784,7 +784,7 @@ def left_out_why(fork: Fork, left_out: list[MarkedTest], steps: list[Step]) -> s
         why.append(f"{len(in_part)} of steps not ported yet ("
                    + ", ".join(sorted({t.stack for t in in_part})) + ")")
     if other:
-        why.append(f"{len(other)} for other releases' code ("
+        why.append(f"{len(other)} marked for other releases only ("
                    + ", ".join(sorted({"/".join(t.bases) for t in other})) + ")")
     return f"{len(left_out)} tests left out, " + "; ".join(why)
 
@@ -931,7 +931,8 @@ def _run_job(fork: Fork, python: str, tree: Path, cwd: Path, job: _Job) -> tuple
 
 def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
                stack: str | None = None, start: str | None = None, jobs: int = 1,
-               last_stack_in_suite: bool = False, log=print) -> list[StepReport]:
+               last_stack_in_suite: bool = False, stack_tests_in_suite: bool = False,
+               log=print) -> list[StepReport]:
     """Every step is a working tree: applied in order with git am, each step's touched
     modules byte-compile and import from the tree, and its tests pass there (those
     marked fails_before also fail just before it).
@@ -949,7 +950,12 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     run here, on the tree before it). Stacks at the series' end that no test is marked
     for (0.5.17's fork-only benchmark hooks, behind a switch that is off by default)
     change nothing those tests reach, so the end of the last stack with tests is left
-    to the suite too."""
+    to the suite too.
+
+    ``stack_tests_in_suite`` (a second base's ``make test``, for CI time): every stack's
+    tests without a step (its engine and server runs, the long ones) are left to the
+    suite, which runs them on the whole series; each step's own tests and every proof
+    still run here."""
     python = os.path.abspath(python) if python else sys.executable
     steps = read_series(fork)
     problems = lint_series(steps)
@@ -997,6 +1003,10 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
                     t.step == s.name or (t.step is None and s.name in first_of_stack))]
                 if not selected:
                     own, of_stack, proofs = [], [], []
+                if stack_tests_in_suite and of_stack and s.name not in in_suite:
+                    log(f"{len(of_stack)} stack tests of {s.stack} are left to the suite, "
+                        "which runs them on the whole series")
+                    of_stack = []
                 if s.name in in_suite and (own or of_stack):
                     where = ("the same tree" if s is steps[-1] else
                              "the whole series (the steps after it carry no tests)")
@@ -1171,6 +1181,9 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                    help="with --each: leave the last step's tests and its stack's to the "
                    "suite that runs next on the same tree (make test); also those of the "
                    "last stack with tests, when only stacks no test is marked for follow it")
+    p.add_argument("--stack-tests-in-suite", action="store_true",
+                   help="with --each: leave every stack's tests without a step to the suite "
+                   "(a second base's make test); steps' own tests and proofs still run")
     sub.add_parser("diffstat", help="files and +/- lines per step")
     args = ap.parse_args(argv)
     try:
@@ -1193,6 +1206,7 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
             reports = check_each(fork, args.python, run_tests=not args.no_tests,
                                  stack=args.stack, start=args.start, jobs=args.jobs,
                                  last_stack_in_suite=args.last_stack_in_suite,
+                                 stack_tests_in_suite=args.stack_tests_in_suite,
                                  log=lambda m: print(m, flush=True))
             print(f"ok: all {len(reports)} steps apply, import and pass their tests "
                   f"({sum(r.tests for r in reports)} test selections, "

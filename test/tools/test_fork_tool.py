@@ -304,6 +304,20 @@ def test_an_untested_stack_at_the_end_leaves_the_last_tested_stack_to_the_suite(
     assert [r.tests for r in reports] == [1, 0, 1, 0]
 
 
+def test_stack_tests_can_be_left_to_the_suite(two_stacks):
+    """make test on a second base: the stacks' tests without a step run in the suite
+    only; each step's own tests and proofs still run at the step."""
+    env = two_stacks
+    mark_step_and_stack_tests(env)
+    lines = []
+    reports = fork.check_each(env, stack_tests_in_suite=True, log=lines.append)
+    assert [(r.step.name, r.tests, r.proofs) for r in reports] == [
+        ("gemma-line-22", 0, []), ("yoco-module", 0, []),
+        ("yoco-grows", 1, ["test/srt/test_yoco.py::test_y"])]
+    assert ("1 stack tests of fixes are left to the suite, which runs them on the whole "
+            "series") in lines
+
+
 def second_base(env, version="0.5.99") -> "fork.Fork":
     """bases/VERSION/ next to the default base (same fake wheel, its own empty series)."""
     d = env.root / "bases" / version
@@ -405,7 +419,7 @@ def test_a_test_of_one_release_runs_on_that_base_only(two_stacks):
                 '"yoco", step="newer-fix", fails_before=True, bases=("0.5.99",)')
     lines = []
     reports = fork.check_each(env, log=lines.append)
-    assert lines[0] == "1 tests left out, 1 for other releases' code (0.5.99)"
+    assert lines[0] == "1 tests left out, 1 marked for other releases only (0.5.99)"
     assert sum(r.tests for r in reports) == 0 and not any(r.proofs for r in reports)
     reports = fork.check_each(other, log=lambda m: None)
     assert [(r.step.name, r.tests, r.proofs) for r in reports] == [
