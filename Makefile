@@ -12,15 +12,12 @@ REQS := requirements-cpu.txt
 # The fork tool's and the benchmarks' tests do not depend on the base: they run here.
 SUITE := test/srt test/bench test/tools
 PHASE :=
-EACH :=
 else
 VENV := .venv-$(BASE)
 REQS := bases/$(BASE)/requirements-cpu.txt
 SUITE := test/srt
 empty :=
 PHASE := $(empty) ($(BASE))
-# CI time: a port's stack tests (engine and server runs) run once, in the suite.
-EACH := --stack-tests-in-suite
 endif
 VPY := $(VENV)/bin/python
 FORK := $(PY) tools/fork.py --base $(BASE)
@@ -41,11 +38,13 @@ $(VENV)/.deps: $(REQS)
 install: $(VENV)/.deps
 	@$(PY) tools/phase.py "install$(PHASE)" $(FORK) install --venv $(VENV) --no-deps-check
 
-# Every step of patches/series applies, imports and passes its own tests; then the
-# whole suite runs against the installed fork, which is the last step's tree: the last
-# step's tests and its stack's run there once, not also in the per-step check.
+# Every step of patches/series applies, imports and passes its own tests (and its proofs
+# fail one step earlier); then the whole suite runs against the installed fork, which is
+# the last step's tree. For CI time each test runs once: the stacks' own tests (engine and
+# server runs) and the last step's run in the suite only, not also at their stack's end
+# (`fork.py check --each` without the two options runs them there too).
 test: install
-	@$(PY) tools/phase.py "per-step-check$(PHASE)" $(FORK) check --each --last-stack-in-suite $(EACH) --jobs $(JOBS) --python $(VPY)
+	@$(PY) tools/phase.py "per-step-check$(PHASE)" $(FORK) check --each --last-stack-in-suite --stack-tests-in-suite --jobs $(JOBS) --python $(VPY)
 	@$(PY) tools/phase.py "suite$(PHASE)" $(VPY) -m pytest $(SUITE) -q -p no:cacheprovider -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 demo: install

@@ -952,10 +952,9 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
     change nothing those tests reach, so the end of the last stack with tests is left
     to the suite too.
 
-    ``stack_tests_in_suite`` (a second base's ``make test``, for CI time): every stack's
-    tests without a step (its engine and server runs, the long ones) are left to the
-    suite, which runs them on the whole series; each step's own tests and every proof
-    still run here."""
+    ``stack_tests_in_suite`` (``make test``, for CI time): every stack's tests without a
+    step (its engine and server runs, the long ones) are left to the suite, which runs
+    them on the whole series; each step's own tests and every proof still run here."""
     python = os.path.abspath(python) if python else sys.executable
     steps = read_series(fork)
     problems = lint_series(steps)
@@ -1183,7 +1182,7 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                    "last stack with tests, when only stacks no test is marked for follow it")
     p.add_argument("--stack-tests-in-suite", action="store_true",
                    help="with --each: leave every stack's tests without a step to the suite "
-                   "(a second base's make test); steps' own tests and proofs still run")
+                   "(make test); steps' own tests and proofs still run")
     sub.add_parser("diffstat", help="files and +/- lines per step")
     args = ap.parse_args(argv)
     try:

@@ -305,8 +305,8 @@ def test_an_untested_stack_at_the_end_leaves_the_last_tested_stack_to_the_suite(
 
 
 def test_stack_tests_can_be_left_to_the_suite(two_stacks):
-    """make test on a second base: the stacks' tests without a step run in the suite
-    only; each step's own tests and proofs still run at the step."""
+    """make test: the stacks' tests without a step run in the suite only; each step's
+    own tests and proofs still run at the step."""
     env = two_stacks
     mark_step_and_stack_tests(env)
     lines = []
