@@ -4,19 +4,20 @@ At 0 draft steps (FROZEN_KV_MTP's adaptive state for large batches) the target
 verifies one node per request, the previous bonus token. Accepting it is
 certain and the new bonus token is the target's argmax; yet ``eagle_sample``
 walks a tree for it (zeros, full, argmax, ``verify_tree_greedy``, +1), the
-verify then gathers the accepted tokens and runs ``fill_bonus_tokens``, and
-the frozen draft-extend selects each request's hidden row with an index built
-from ``accept_lens``. About twenty small launches per round between two
-target graphs, each computing an identity: at E4B chat 80 the 0-step round's
-inter-token latency stayed 0.7-1.0 % above a plain decode's.
+verify then commits the accepted path (the accepted tokens, the bonus tokens,
+the new lengths), and the frozen draft-extend selects each request's hidden
+row with an index built from ``accept_lens``. Small launches between two
+target graphs, each computing an identity: with the stock tail (twenty
+launches where the commit is not fused) the 0-step round's inter-token latency
+at E4B chat 80 stayed 0.7-1.0 % above a plain decode's.
 
 This tail gives the same tokens (the argmax of the same logits) from one
 argmax and one cast. It applies per batch only where ``eagle_sample`` takes its
 greedy path and nothing reads the tree: every request greedy, no penalties or
 logit bias, no grammar, no logprobs, not idle, nothing else the release's
 verify does per accepted step (``one_node_greedy_verify_release``).
-Everything else falls through to the stock verify unchanged. ``SGLANG_ONE_NODE_GREEDY_VERIFY=0`` turns it
-off (for A/B runs).
+Everything else falls through to the stock verify unchanged.
+``SGLANG_ONE_NODE_GREEDY_VERIFY=0`` turns it off (for A/B runs).
 """
 
 from __future__ import annotations
