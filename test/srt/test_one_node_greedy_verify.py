@@ -12,8 +12,13 @@ sampling and takes the target's argmax.
   None): grammar, logprobs, sampling, penalties, logit bias, idle, more than
   one node.
 - The worker gets the tail only where its verify needs nothing per step.
+
+Works on both bases; 0.5.23's verify has more per-step work (a watermark,
+HiSparse, mamba tracking: ``one_node_greedy_verify_release``), tested for 0.5.23
+only, and another run_eagle_verify signature (decided once below).
 """
 
+import inspect
 import types
 from contextlib import nullcontext
 
@@ -30,6 +35,12 @@ pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-veri
 
 VOCAB = 64
 HIDDEN = 8
+
+
+def _verify_takes(name):
+    from sglang.srt.speculative import eagle_worker_common as common
+
+    return name in inspect.signature(common.run_eagle_verify).parameters
 
 
 def sampling(**kw):
@@ -92,11 +103,18 @@ def verify_round(batch, logits, tail):
     common.record_stream_for_v2_verify = lambda *a: None
     common.record_stream_each = lambda *a: None
     target = types.SimpleNamespace(
-        model_runner=types.SimpleNamespace(model_config=gemma4_model_config()),
+        model_runner=types.SimpleNamespace(
+            model_config=gemma4_model_config(),
+            # 0.5.23's verify asks for a watermark and the verify mask's mode
+            watermark_state=None,
+            attn_backend=types.SimpleNamespace(verify_mask=None),
+        ),
         forward_batch_generation=lambda **kw: types.SimpleNamespace(
             logits_output=logits_output, routed_experts_output=None, indexer_topk_output=None
         ),
     )
+    # 0.5.17's verify takes the step count; 0.5.23's reads it from the input
+    steps = dict(num_steps=0) if _verify_takes("num_steps") else {}
     result = common.run_eagle_verify(
         batch,
         target_worker=target,
@@ -105,7 +123,7 @@ def verify_round(batch, logits, tail):
         plan_stream=None,
         plan_stream_ctx=nullcontext(),
         topk=1,
-        num_steps=0,
+        **steps,
         num_draft_tokens=1,
         device="cpu",
         metadata_ready_pre_pad=False,
@@ -132,8 +150,23 @@ def _summary(result):
 def _check():
     from sglang.srt.speculative import eagle_utils, spec_utils
 
+    from resolved_server_args import published
+    from test_frozen_kv_mtp_adaptive import frozen_args
+
     # as test/srt/mtp_cpu_shim: stock's Triton verify kernel on this machine
     eagle_utils._is_xpu = True
+    try:  # 0.5.23 moved the greedy verify's gate here
+        from sglang.kernels.ops.speculative import spec_tree
+    except ImportError:
+        spec_tree = None
+    if spec_tree is not None:
+        spec_tree._is_xpu = True
+    with published(frozen_args(speculative_num_steps=0, speculative_num_draft_tokens=1)):
+        # 0.5.23's eagle_sample reads the speculative config from the context
+        return _rounds(spec_utils)
+
+
+def _rounds(spec_utils):
     out = {}
     for sim in (-1.0, 2.1):
         spec_utils.SIMULATE_ACC_LEN = sim
@@ -203,10 +236,12 @@ def test_a_drafted_round_falls_through():
     assert tail_mod.OneNodeGreedyVerifyTail(_worker())(batch, verify_input, out, None, True) is None
 
 
-def _worker(topk=1, kv_cache=None):
+def _worker(topk=1, kv_cache=None, watermark_state=None):
     return types.SimpleNamespace(
         topk=topk,
-        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config="cfg")),
+        target_worker=types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(model_config="cfg", watermark_state=watermark_state)
+        ),
         token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: kv_cache or object()),
     )
 
@@ -236,6 +271,49 @@ def test_frozen_kv_mtp_worker_takes_the_tail(monkeypatch):
 
     for w in build_worker(monkeypatch, frozen_args()):
         assert isinstance(w.one_node_verify_tail, tail_mod.OneNodeGreedyVerifyTail)
+
+
+def _takes_tail(worker, **batch_changes):
+    batch, verify_input, logits = one_node_batch(3, **batch_changes)
+    out = types.SimpleNamespace(
+        logits_output=types.SimpleNamespace(next_token_logits=logits),
+        routed_experts_output=None,
+        indexer_topk_output=None,
+    )
+    return tail_mod.OneNodeGreedyVerifyTail(worker)(batch, verify_input, out, None, True) is not None
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-verify-tail", bases=("0.5.23",))
+@pytest.mark.parametrize(
+    "worker_kw,batch_kw",
+    [
+        (dict(watermark_state=object()), dict(sampling_info=sampling(has_watermark_candidates=True))),
+        ({}, dict(hisparse_coordinator=object())),
+        ({}, dict(mamba_track_indices=torch.zeros(3, dtype=torch.int64))),
+    ],
+    ids=["watermark", "hisparse", "mamba_track"],
+)
+def test_batches_whose_verify_reads_the_accepted_path_fall_through(worker_kw, batch_kw):
+    # 0.5.23's stock verify records watermarked tokens, commits HiSparse's
+    # accepted tokens and tracks mamba states from the accept index
+    assert not _takes_tail(_worker(**worker_kw), **batch_kw)
+    # a watermark without candidates in the batch changes nothing
+    assert _takes_tail(_worker(**worker_kw), sampling_info=sampling(has_watermark_candidates=False))
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-verify-tail", bases=("0.5.23",))
+def test_rocm_tp_keeps_the_stock_greedy_broadcast(monkeypatch):
+    from sglang.srt.layers import dp_attention
+    from sglang.srt.speculative import one_node_greedy_verify_release as release
+
+    monkeypatch.setattr(tail_mod, "mambaish_config", lambda cfg: None)
+    monkeypatch.setattr(release, "is_hip", lambda: True)
+    monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: False)
+    for size, gets_tail in ((2, False), (1, True)):
+        group = types.SimpleNamespace(world_size=size)
+        parallel = types.SimpleNamespace(tp_group=group, attn_tp_group=None)
+        monkeypatch.setattr("sglang.srt.runtime_context.get_parallel", lambda: parallel)
+        assert (tail_mod.one_node_greedy_verify_tail(_worker()) is not None) == gets_tail
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@ compiles, at start-up, every specialization of the three Triton kernels whose
 compiling one mid-serving the first time a batch or a step count reaches it.
 
 The kernels run here under Triton's interpreter, on CPU: what each launch
-passes (grid, dtypes, constexprs, pointer alignment) is recorded, and the live
-``req_to_token`` it reads must come out unchanged. Whether the launches hit the
-same compiled kernels as a real round is a GPU check (the compile log of
-``serve_mtp.py --jit-log``, device stage MK).
+passes (grid, dtypes, constexprs, which optional arguments are None, pointer
+alignment) is recorded, and the live ``req_to_token`` it reads must come out
+unchanged. Whether the launches hit the same compiled kernels as a real round
+is a GPU check (the compile log of ``serve_mtp.py --jit-log``, device stage MK).
+
+Works on both bases; the kernel list is per release
+(``spec_decode_kernel_launches``), decided once below (FUSED_COMMIT).
 """
 
 import types
@@ -18,7 +21,10 @@ import torch
 from test_frozen_kv_mtp_adaptive import DEFAULT_CANDIDATES, build_worker, frozen_args
 from triton_interpret import print_result, run_as_script
 
+from sglang.kernels.ops.speculative import cache_locs
+from sglang.kernels.ops.speculative import eagle as eagle_kernels
 from sglang.srt.speculative import eagle_worker_v2
+from sglang.srt.speculative import spec_decode_kernel_launches as launches
 from sglang.srt.speculative import spec_decode_kernel_warmup as warmup
 from sglang.srt.utils import next_power_of_2
 
@@ -27,6 +33,12 @@ pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="spec-decode-kernel-w
 MAX_BS = 80
 POOL_LEN = 64
 CONFIGS = [(0, 1), (1, 2), (3, 4)]
+TREE_CONFIGS = [(3, 8)]  # topk > 1: more draft tokens than steps + 1
+
+# The one capability switch. 0.5.23 commits a verify through one fused kernel
+# (prepare_verify_commit_outputs) on CUDA and ROCm; 0.5.17 fills the bonus
+# tokens with fill_bonus_tokens.
+FUSED_COMMIT = hasattr(eagle_kernels, "prepare_verify_commit_outputs")
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="spec-decode-kernel-warmup", fails_before=True)
@@ -64,36 +76,65 @@ def test_init_cuda_graphs_warms_after_the_states_are_built(monkeypatch):
         assert seen == [DEFAULT_CANDIDATES]
 
 
+def _describe(a):
+    if torch.is_tensor(a):
+        return {"dtype": str(a.dtype), "aligned": a.data_ptr() % 16 == 0}
+    return a
+
+
 def _check():
     """Launch every specialization under the interpreter, recording each launch."""
-    launches = []
+    launches_seen = []
 
     def recorder(name, kernel):
         class Grid:
             def __getitem__(self, grid):
-                def launch(*args):
-                    launches.append(
+                def launch(*args, **kwargs):
+                    launches_seen.append(
                         {
                             "kernel": name,
                             "grid": list(grid),
                             "dtypes": [str(a.dtype) for a in args if torch.is_tensor(a)],
                             "aligned": [a.data_ptr() % 16 == 0 for a in args if torch.is_tensor(a)],
                             "ints": [a for a in args if isinstance(a, int)],
+                            "kwargs": {k: _describe(v) for k, v in kwargs.items()},
                         }
                     )
-                    return kernel[grid](*args)
+                    return kernel[grid](*args, **kwargs)
 
                 return launch
 
         return Grid()
 
-    for name in ("assign_req_to_token_pool", "assign_extend_cache_locs_uniform", "fill_bonus_tokens"):
-        setattr(warmup, name, recorder(name, getattr(warmup, name)))
+    if FUSED_COMMIT:
+        # The verify-side kernels are launched through the round's own functions;
+        # they pick the Triton kernel on a CUDA-like device only.
+        cache_locs._is_cuda = True
+        kernels = [
+            (launches, "assign_req_to_token_pool"),
+            (cache_locs, "assign_extend_cache_locs_uniform"),
+            (eagle_kernels, "_verify_commit_outputs_kernel"),
+        ]
+    else:
+        kernels = [
+            (launches, "assign_req_to_token_pool"),
+            (launches, "assign_extend_cache_locs_uniform"),
+            (launches, "fill_bonus_tokens"),
+        ]
+    for module, name in kernels:
+        setattr(module, name, recorder(name, getattr(module, name)))
     torch.manual_seed(0)
     req_to_token = torch.randint(0, 1 << 20, (MAX_BS + 1, POOL_LEN), dtype=torch.int32)
     before = req_to_token.clone()
-    warmup.launch_spec_decode_kernels(req_to_token, warmup.batch_size_buckets(MAX_BS), CONFIGS)
-    return {"launches": launches, "unchanged": bool(torch.equal(before, req_to_token))}
+    launches.launch_spec_decode_kernels(req_to_token, warmup.batch_size_buckets(MAX_BS), CONFIGS, 1)
+    chain = list(launches_seen)
+    launches_seen.clear()
+    launches.launch_spec_decode_kernels(req_to_token, [], TREE_CONFIGS, 4)
+    return {
+        "launches": chain,
+        "tree_launches": list(launches_seen),
+        "unchanged": bool(torch.equal(before, req_to_token)),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +142,8 @@ def launched():
     return run_as_script(__file__)
 
 
-def _of(launched, kernel):
-    return [l for l in launched["launches"] if l["kernel"] == kernel]
+def _of(launched, kernel, key="launches"):
+    return [l for l in launched[key] if l["kernel"] == kernel]
 
 
 def test_launches_write_nothing_to_req_to_token(launched):
@@ -124,6 +165,7 @@ def test_every_bs_upper_with_both_out_loc_alignments(launched):
     assert seen == {(b, a) for b in buckets for a in (True, False)}
 
 
+@pytest.mark.stack("frozen-kv-mtp-speed", step="spec-decode-kernel-warmup", bases=("0.5.17",))
 def test_every_state_draft_token_num_and_accept_stride(launched):
     locs = _of(launched, "assign_extend_cache_locs_uniform")
     assert all(l["dtypes"] == ["torch.int64", "torch.int32", "torch.int64", "torch.int64"] for l in locs)
@@ -135,6 +177,55 @@ def test_every_state_draft_token_num_and_accept_stride(launched):
     bonus = _of(launched, "fill_bonus_tokens")
     assert all(l["dtypes"] == ["torch.int32"] * 3 for l in bonus)
     assert sorted(l["ints"][0] for l in bonus) == [s + 1 for s, _ in CONFIGS]
+
+
+# What eagle_prepare_for_verify passes without a prepared window: no translated
+# writes, positions or anchors (Triton compiles None apart from a tensor).
+VERIFY_PREP_NONE = ("full_v2p", "swa_v2p", "full_out", "swa_out", "positions_out", "anchor_src", "anchor_out")
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="spec-decode-kernel-warmup", bases=("0.5.23",))
+def test_verify_prep_warmed_with_the_rounds_optional_arguments(launched):
+    locs = _of(launched, "assign_extend_cache_locs_uniform")
+    for l in locs:
+        assert l["grid"] == [1]
+        assert l["dtypes"] == ["torch.int64", "torch.int32", "torch.int64", "torch.int64"]
+        assert all(l["kwargs"][k] is None for k in VERIFY_PREP_NONE)
+        assert l["kwargs"]["PAGE_SIZE"] == 1
+        assert l["ints"][0] == POOL_LEN
+    assert sorted((l["ints"][1], l["aligned"][2]) for l in locs) == sorted(
+        (d, a) for _, d in CONFIGS for a in (True, False)
+    )
+    # no fill_bonus_tokens: on CUDA and ROCm the fused commit replaces it
+    assert not _of(launched, "fill_bonus_tokens")
+
+
+def _commit_keys(l):
+    # (INDEX_STRIDE_0, DRAFT_WIDTH, TRACK_INTERVAL, seq_lens aligned): the
+    # constexprs that follow the state, and the one pointer the round may view
+    return (l["ints"][3], l["kwargs"]["DRAFT_WIDTH"], l["kwargs"]["TRACK_INTERVAL"], l["aligned"][3])
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="spec-decode-kernel-warmup", bases=("0.5.23",))
+def test_fused_commit_warmed_for_every_state(launched):
+    chain = _of(launched, "_verify_commit_outputs_kernel")
+    for l in chain:
+        # predict, accept index, accept lengths (int32), seq_lens and new lengths
+        # (int64), bonus tokens (int32); then the topk-1 draft-extend outputs
+        assert l["dtypes"] == ["torch.int32"] * 3 + ["torch.int64"] * 2 + ["torch.int32"]
+        assert l["kwargs"]["track_steps"] is None  # no mamba tracking
+        assert [l["kwargs"][k]["dtype"] for k in ("last_steps", "correct", "select", "ids")] == [
+            "torch.int64", "torch.int32", "torch.int64", "torch.int64"
+        ]
+    assert sorted(map(_commit_keys, chain)) == sorted(
+        (s + 1, d, 0, a) for s, d in CONFIGS for a in (True, False)
+    )
+    # topk > 1 commits without the draft-extend outputs (DRAFT_WIDTH 0)
+    tree = _of(launched, "_verify_commit_outputs_kernel", "tree_launches")
+    assert sorted(map(_commit_keys, tree)) == sorted(
+        (s + 1, 0, 0, a) for s, _ in TREE_CONFIGS for a in (True, False)
+    )
+    assert all(l["kwargs"]["last_steps"] is None for l in tree)
 
 
 if __name__ == "__main__":

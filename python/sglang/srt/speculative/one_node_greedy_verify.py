@@ -4,18 +4,20 @@ At 0 draft steps (FROZEN_KV_MTP's adaptive state for large batches) the target
 verifies one node per request, the previous bonus token. Accepting it is
 certain and the new bonus token is the target's argmax; yet ``eagle_sample``
 walks a tree for it (zeros, full, argmax, ``verify_tree_greedy``, +1), the
-verify then gathers the accepted tokens and runs ``fill_bonus_tokens``, and
-the frozen draft-extend selects each request's hidden row with an index built
-from ``accept_lens``. About twenty small launches per round between two
-target graphs, each computing an identity: at E4B chat 80 the 0-step round's
-inter-token latency stayed 0.7-1.0 % above a plain decode's.
+verify then commits the accepted path (the accepted tokens, the bonus tokens,
+the new lengths), and the frozen draft-extend selects each request's hidden
+row with an index built from ``accept_lens``. Small launches between two
+target graphs, each computing an identity: with the stock tail (twenty
+launches where the commit is not fused) the 0-step round's inter-token latency
+at E4B chat 80 stayed 0.7-1.0 % above a plain decode's.
 
 This tail gives the same tokens (the argmax of the same logits) from one
 argmax and one cast. It applies per batch only where ``eagle_sample`` takes its
 greedy path and nothing reads the tree: every request greedy, no penalties or
-logit bias, no grammar, no logprobs, not idle. Everything else falls through
-to the stock verify unchanged. ``SGLANG_ONE_NODE_GREEDY_VERIFY=0`` turns it
-off (for A/B runs).
+logit bias, no grammar, no logprobs, not idle, nothing else the release's
+verify does per accepted step (``one_node_greedy_verify_release``).
+Everything else falls through to the stock verify unchanged.
+``SGLANG_ONE_NODE_GREEDY_VERIFY=0`` turns it off (for A/B runs).
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.environ import envs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.one_node_greedy_verify_release import (
+    batch_needs_stock_verify,
+    sample_simulated_acc_len,
+    worker_needs_stock_verify,
+)
 from sglang.srt.speculative.spec_utils import (
     SIMULATE_ACC_LEN,
     SIMULATE_ACC_METHOD,
     SIMULATE_ACC_TOKEN_MODE,
-    _sample_simulated_acc_len,
 )
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
@@ -50,6 +56,8 @@ def one_node_greedy_verify_tail(worker) -> Optional["OneNodeGreedyVerifyTail"]:
     if worker.topk != 1:
         return None
     if mambaish_config(worker.target_worker.model_runner.model_config) is not None:
+        return None
+    if worker_needs_stock_verify(worker):
         return None
     return OneNodeGreedyVerifyTail(worker)
 
@@ -97,6 +105,8 @@ class OneNodeGreedyVerifyTail:
     ) -> Optional[GenerationBatchResult]:
         if not one_node_greedy_applies(batch, verify_input):
             return None
+        if batch_needs_stock_verify(self._worker, batch):
+            return None
         if not self._kv_cache_keeps_no_draft_state():
             return None
         logits_output = forward_batch_output.logits_output
@@ -107,7 +117,7 @@ class OneNodeGreedyVerifyTail:
         if SIMULATE_ACC_LEN > 0:
             # As generate_simulated_accept_index at width 1 (same host RNG use):
             # 'fixed' emits token 100, 'real-draft-token' the target's argmax.
-            _sample_simulated_acc_len(SIMULATE_ACC_LEN, SIMULATE_ACC_METHOD, 1)
+            sample_simulated_acc_len(SIMULATE_ACC_LEN, SIMULATE_ACC_METHOD, 1)
             if SIMULATE_ACC_TOKEN_MODE == "fixed":
                 bonus_tokens.fill_(100)
         accept_lens = torch.ones_like(bonus_tokens, dtype=torch.int32)

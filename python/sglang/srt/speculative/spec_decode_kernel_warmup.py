@@ -1,13 +1,11 @@
 """Compile, at start-up, the Triton kernels whose specialization a spec-v2
 decode round picks from its batch size and step count.
 
-Three small kernels on a round's host path take a ``tl.constexpr`` that moves
-with the batch:
-
-- ``assign_req_to_token_pool`` (``alloc_for_spec_decode``): ``bs_upper``, the
-  batch size's next power of two;
-- ``assign_extend_cache_locs_uniform`` (verify prep): ``draft_token_num``;
-- ``fill_bonus_tokens`` (after verify): ``accept_stride``, the step count + 1.
+A few small kernels on a round's host path take a ``tl.constexpr`` that moves
+with the batch: the batch size's next power of two (``bs_upper``) or the step
+count (the draft width, the accepted-token stride). Which kernels they are
+depends on the release's verify; ``spec_decode_kernel_launches`` lists them
+and launches each one.
 
 Triton compiles each new value on first use, on the scheduler thread, inside
 the round's launch: tens of ms per kernel on a cold cache. A server paid it
@@ -15,21 +13,18 @@ the first time its batch passed 64 (or 128, ...) and the first time adaptive
 speculation switched to a step count, mid-serving; at E4B chat 80 under
 FROZEN_KV_MTP that added about 96 ms to one prefill batch's first tokens.
 Launching each reachable value once here, on no-op rows, moves the cost to
-start-up. The launches pass the same argument dtypes as the round, and both
-16-byte alignments where the round passes a tensor view (Triton specializes
-pointers on it).
+start-up.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable
 
 import torch
-from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform
-from sglang.kernels.ops.speculative.eagle import fill_bonus_tokens
-from sglang.srt.mem_cache.allocation import assign_req_to_token_pool
+from sglang.srt.speculative.spec_decode_kernel_launches import (
+    launch_spec_decode_kernels,
+)
 from sglang.srt.utils import is_cuda, is_hip, next_power_of_2
 
 logger = logging.getLogger(__name__)
@@ -50,46 +45,6 @@ def step_configs(worker) -> list[tuple[int, int]]:
     return sorted(configs)
 
 
-def _both_alignments(n: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    # One 16-byte-aligned buffer and one offset by one element: the allocator
-    # hands out slices of its free list, so the round sees either.
-    buf = torch.zeros(n + 1, dtype=dtype, device=device)
-    return buf[:n], buf[1:]
-
-
-def launch_spec_decode_kernels(
-    req_to_token: torch.Tensor,
-    batch_sizes: Iterable[int],
-    configs: Iterable[tuple[int, int]],
-) -> None:
-    """Launch each kernel once per specialization. Every row has start == end
-    (or reads row 0 into a scratch tensor), so ``req_to_token`` is not written."""
-    device = req_to_token.device
-    pool_len = req_to_token.shape[1]
-    for bs in batch_sizes:
-        # As alloc_for_spec_decode: int64 pool indices and out locations,
-        # int32 kv lengths (eagle_prepare_for_decode).
-        indices = torch.zeros(bs, dtype=torch.int64, device=device)
-        lens = torch.zeros(bs, dtype=torch.int32, device=device)
-        for out_cache_loc in _both_alignments(1, torch.int64, device):
-            assign_req_to_token_pool[(bs,)](
-                indices, req_to_token, lens, lens, out_cache_loc, pool_len, bs
-            )
-    one_index = torch.zeros(1, dtype=torch.int64, device=device)
-    for steps, draft_tokens in configs:
-        # As eagle_prepare_for_verify: start offsets are batch.seq_lens (int64).
-        for start in _both_alignments(1, torch.int64, device):
-            scratch = torch.empty(draft_tokens, dtype=torch.int64, device=device)
-            assign_extend_cache_locs_uniform[(1,)](
-                one_index, req_to_token, start, scratch, pool_len, draft_tokens
-            )
-        # As run_eagle_verify: int32 accepted tokens, lengths and bonus tokens.
-        accept_tokens = torch.zeros(steps + 1, dtype=torch.int32, device=device)
-        accept_lens = torch.ones(1, dtype=torch.int32, device=device)
-        bonus = torch.empty(1, dtype=torch.int32, device=device)
-        fill_bonus_tokens[(1,)](accept_tokens, accept_lens, bonus, steps + 1)
-
-
 def warm_spec_decode_kernels(worker) -> None:
     """Compile every specialization the worker's decode rounds can reach."""
     if not (is_cuda() or is_hip()):
@@ -98,7 +53,7 @@ def warm_spec_decode_kernels(worker) -> None:
     tic = time.perf_counter()
     buckets = batch_size_buckets(pool.size)
     configs = step_configs(worker)
-    launch_spec_decode_kernels(pool.req_to_token, buckets, configs)
+    launch_spec_decode_kernels(pool.req_to_token, buckets, configs, worker.topk)
     torch.cuda.synchronize()
     logger.info(
         f"Warmed spec decode kernels for batch buckets {buckets} and "
