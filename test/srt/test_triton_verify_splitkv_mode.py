@@ -12,8 +12,7 @@ import types
 
 import pytest
 
-STEP = "chain-verify-as-split-kv-verify-mode"
-pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step=STEP, bases=("0.5.23",))
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-split-kv-verify-mode", bases=("0.5.23",))
 
 
 @pytest.fixture
@@ -42,7 +41,7 @@ def select(monkeypatch):
     return run
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step=STEP, fails_before=True, bases=("0.5.23",))
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-split-kv-verify-mode", fails_before=True, bases=("0.5.23",))
 def test_frozen_kv_mtp_on_cuda_verifies_as_a_chain(select):
     assert select() == "chain"
 
@@ -86,7 +85,7 @@ def test_each_refusal_falls_back_to_the_extend_kernel(select, change, caplog):
     assert len(said) == (1 if unwired else 0), caplog.text
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step=STEP, fails_before=True, bases=("0.5.23",))
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-split-kv-verify-mode", fails_before=True, bases=("0.5.23",))
 def test_eager_index_list_is_sized_from_the_host_sum():
     """The eager verify sizes its key lists without a device sync, from the batch's
     host length sum, exactly (grouped: one list a request; else one a draft token)."""
