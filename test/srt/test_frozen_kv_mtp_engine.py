@@ -11,7 +11,9 @@ HF transformers' for prompts whose HF continuation has no near-tie:
   0 draft steps and a batch of 1 to 3: the requests finish one by one, so the run
   switches 3 -> 0 -> 3 steps (checked in the scheduler's log); without logprobs,
   the 0-step rounds take the one-node greedy tail (step one-node-greedy-verify-tail);
-- with `--triton-attention-split-kv-verify` (steps triton-split-kv-verify-arg, chain-verify-as-decode);
+- with `--triton-attention-split-kv-verify` (steps triton-split-kv-verify-arg, chain-verify-as-decode;
+  0.5.23 has no flag: SGLANG_ENABLE_SPLITKV_VERIFY selects the chain mode of its split-KV
+  verify, on CUDA only, which the shim lets the CPU pass for);
 - with `--kv-sharing-fast-prefill` (YOCO under MTP, step mtp-target-prefill-captures-last).
 `mtp_cpu_shim/` routes three stock device gates to stock's Triton kernels (see its
 docstring).
@@ -94,9 +96,23 @@ def mtp(setup, return_logprob=True, **extra):
     # default from step split-kv-verify-default, whose resolution test_triton_split_kv_verify_args
     # covers): the tests that pass it cover the chain verify, and through the triton
     # interpreter a run with it takes about twice as long.
+    env = {}
     if "triton_attention_split_kv_verify" in server_arg_names():
         extra.setdefault("triton_attention_split_kv_verify", False)
-    tokens, verify = serve(setup, return_logprob, **mtp_kwargs(draft, 3), **extra)
+    else:  # 0.5.23: the switch is upstream's, read by the scheduler process
+        on = extra.pop("triton_attention_split_kv_verify", False) is not False
+        env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "1" if on else "0",
+               "SGLANG_TEST_CHAIN_VERIFY_ON_CPU": "1" if on else "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        tokens, verify = serve(setup, return_logprob, **mtp_kwargs(draft, 3), **extra)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     # the speculative path ran: every round verified, at least one token each
     assert all(v is not None and 0 < v <= n for v, n in zip(verify, NEW_TOKENS)), verify
     return tokens
@@ -143,10 +159,21 @@ def test_adaptive_zero_step_greedy_tail_matches_hf(setup, monkeypatch):
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed")
-def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
+def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
     """One decode row per draft token (the grouped kernel's fallback)."""
     monkeypatch.setenv("SGLANG_CHAIN_VERIFY_GROUPED", "0")  # read by the scheduler process
-    assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]
+    assert mtp(setup, triton_attention_split_kv_verify=True, **_chain_log()) == setup[3]
+    _assert_chain_selected(capfd, "one decode row per draft token")
+
+
+def _chain_log():
+    """0.5.23 selects the chain mode silently but for one start-up line: log it."""
+    return {} if "triton_attention_split_kv_verify" in server_arg_names() else {"log_level": "info"}
+
+
+def _assert_chain_selected(capfd, layout):
+    if "triton_attention_split_kv_verify" not in server_arg_names():
+        assert f"split-KV verify: chain ({layout})" in capfd.readouterr().err
 
 
 @pytest.mark.stack("yoco-mtp")
@@ -160,9 +187,10 @@ def test_yoco_under_mtp_matches_hf(setup, capfd):
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed")
-def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch):
+def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
     """Step chain-verify-as-decode: the grouped kernel (keys read once a request), the default;
     with the flag unset, as FROZEN_KV_MTP on triton takes it by default (step
     split-kv-verify-default, the stack's last)."""
     monkeypatch.delenv("SGLANG_CHAIN_VERIFY_GROUPED", raising=False)
-    assert mtp(setup, triton_attention_split_kv_verify=None) == setup[3]
+    assert mtp(setup, triton_attention_split_kv_verify=None, **_chain_log()) == setup[3]
+    _assert_chain_selected(capfd, "grouped")

@@ -1,5 +1,6 @@
-"""--triton-attention-split-kv-verify: a top-1 draft chain verified as decode
-queries attends over the same keys as stock triton's extend-kernel verify.
+"""The chain verify (0.5.17: --triton-attention-split-kv-verify; 0.5.23: the chain
+mode of the split-KV verify): a top-1 draft chain verified as decode queries
+attends over the same keys as stock triton's extend-kernel verify.
 
 Triton's real kernels (extend, split-KV decode, index builders, split counts) run
 on CPU through Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are
@@ -8,9 +9,15 @@ below, at and above the sliding window so that the window's first key, the one
 the extend kernel masks per query, is exercised. The split-KV sum rounds
 differently from the extend kernel's walk, so the check is allclose; an
 off-by-one in the keys a draft token sees moves the output by far more.
+
+Works on both bases: what differs (0.5.23 reads KV ids through a KVIndexTranslator
+and the batch's KVLocPlan, sizes the verify from `num_tokens_per_req`, and may pick
+Lean decode) is decided once, by HAS_KV_LOC_PLAN.
 """
 
+import importlib.util
 import types
+
 import pytest
 
 from triton_interpret import print_result, run_as_script
@@ -21,6 +28,28 @@ PREFIX = [3, 38, 40, 41, 90]  # cached tokens per request; WINDOW sits among the
 N = 4  # draft tokens verified per request (steps 3, topk 1)
 WINDOW = 40  # backend.sliding_window_size
 HEADS, KV_HEADS, HEAD_DIM, POOL, MAX_CTX = 4, 2, 32, 1024, 128
+HAS_KV_LOC_PLAN = importlib.util.find_spec("sglang.srt.mem_cache.kv_index_translator") is not None
+
+
+def release_fields(be, pool, n):
+    """What 0.5.23's __init__ also sets and the verify paths read (n draft tokens a
+    request); nothing on 0.5.17."""
+    if not HAS_KV_LOC_PLAN:
+        return
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+    be.__dict__.update(
+        target_verify_num_tokens_per_req=n, dllm_attention=None, use_dense_fp8_chunked_prefill=False,
+        use_verify_shared_kv=False, _dense_one_shot_kv_indptr=None,
+        # Lean decode on auto, and its gate saying yes: the chain's rows carry no Lean
+        # buffers, so they must keep the standard kernel.
+        enable_lean_attention=None, _lean_decode_seqlen_gate=lambda *a: True,
+        _lean_capture_policy=lambda *a: True,
+    )
+    be.kv_index_translator = KVIndexTranslator(
+        req_to_token=be.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=pool,
+        page_size=be.page_size, device="cpu",
+    )
 
 
 def _check():
@@ -63,18 +92,23 @@ def _check():
     lens = [p + N for p in PREFIX]
     for i, n in enumerate(lens):
         be.req_to_token[i + 1, :n] = slots[sum(lens[:i]) : sum(lens[: i + 1])]
+    release_fields(be, pool, N)
 
     # The verify batch as prepare_for_v2_verify leaves it: draft slots already in
     # req_to_token, seq_lens = cached prefix, a chain tree mask per request.
     tri = torch.tril(torch.ones(N, N, dtype=torch.bool))
     mask = torch.cat([torch.cat([torch.ones(N, p, dtype=torch.bool), tri], 1).reshape(-1) for p in PREFIX])
-    spec = types.SimpleNamespace(custom_mask=mask, draft_token_num=N)
+    spec = types.SimpleNamespace(custom_mask=mask, draft_token_num=N, num_tokens_per_req=N)
     fb = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs * N, dtype=torch.int64),
         req_pool_indices=torch.arange(1, bs + 1), seq_lens=torch.tensor(PREFIX),
         out_cache_loc=torch.cat([be.req_to_token[i + 1, p : p + N].long() for i, p in enumerate(PREFIX)]),
         seq_lens_sum=sum(PREFIX), spec_info=spec,
     )
+    plan = ()
+    if HAS_KV_LOC_PLAN:
+        be.kv_index_translator.bind_own_plan(fb)
+        plan = (fb.kv_loc_plan,)
     q = torch.randn(bs * N, HEADS * HEAD_DIM, generator=g)
     k_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g)
     v_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g)
@@ -114,7 +148,7 @@ def _check():
     def compare(eager, tag):
         """Refill the graph buffers as before a replay; eager vs stock, graph vs eager,
         and a KV-shared layer against the graph."""
-        be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
+        be._apply_cuda_graph_metadata(*plan, bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
         be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
         graph = {w: attend(w) for w in (WINDOW, -1)}
         # A KV-shared layer (k = v = None: its keys are already cached, here by the

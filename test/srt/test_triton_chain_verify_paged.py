@@ -13,6 +13,9 @@ page boundaries, and one request's draft tokens cross a page boundary.
 
 Which verify runs: bf16 groups by default; an fp8 KV cache keeps one decode row per
 draft token (`chain_verify_grouped`), so that is the fp8 path checked here.
+
+Works on both bases (the release's backend fields: test_triton_chain_verify.py's
+`release_fields`); 0.5.23 has no page-major pool, so its cases are the NHD ones.
 """
 
 import os
@@ -20,6 +23,7 @@ import types
 
 import pytest
 
+from test_triton_chain_verify import HAS_KV_LOC_PLAN, release_fields
 from triton_interpret import exact_bf16_dot, print_result, run_as_script
 
 pytestmark = pytest.mark.stack("frozen-kv-mtp-speed")
@@ -47,6 +51,7 @@ POOL_TOKENS = 2048
 #   check the keys over the same metadata builders).
 TOL = {"bfloat16": 3e-2, "float8_e4m3fn": 0.5}
 FP8_REL_RMS = 0.12
+CASES = (("nhd", "bfloat16"), ("nhd", "float8_e4m3fn")) + (() if HAS_KV_LOC_PLAN else (("page_major", "bfloat16"),))
 
 
 def _page_tables(g, ps, lens, num_pages):
@@ -72,9 +77,9 @@ def _page_tables(g, ps, lens, num_pages):
 def _pool(layout, dtype, ps):
     import torch
 
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, PageMajorMHATokenToKVPool
+    from sglang.srt.mem_cache import memory_pool
 
-    cls = PageMajorMHATokenToKVPool if layout == "page_major" else MHATokenToKVPool
+    cls = memory_pool.PageMajorMHATokenToKVPool if layout == "page_major" else memory_pool.MHATokenToKVPool
     # two layers, so that a page-major page interleaves layers (layer 1 is used)
     pool = cls(size=POOL_TOKENS - ps, page_size=ps, dtype=getattr(torch, dtype), head_num=KV_HEADS,
                head_dim=HEAD_DIM, layer_num=2, device="cpu", enable_memory_saver=False,
@@ -120,6 +125,7 @@ def _backend(pool, ps, req_to_token):
     be.cuda_graph_attn_logits = torch.zeros(m, HEADS, SPLITS, HEAD_DIM)
     be.cuda_graph_attn_lse = torch.zeros(m, HEADS, SPLITS)
     be.cuda_graph_swa_attn_logits = None
+    release_fields(be, pool, N)
     return be
 
 
@@ -138,13 +144,17 @@ def _case(layout, dtype, ps, g):
     # seq_lens = cached prefix, a chain tree mask per request.
     tri = torch.tril(torch.ones(N, N, dtype=torch.bool))
     mask = torch.cat([torch.cat([torch.ones(N, p, dtype=torch.bool), tri], 1).reshape(-1) for p in PREFIX])
-    spec = types.SimpleNamespace(custom_mask=mask, draft_token_num=N)
+    spec = types.SimpleNamespace(custom_mask=mask, draft_token_num=N, num_tokens_per_req=N)
     fb = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs * N, dtype=torch.int64),
         req_pool_indices=torch.arange(1, bs + 1), seq_lens=torch.tensor(PREFIX),
         out_cache_loc=torch.cat([be.req_to_token[i + 1, p : p + N].long() for i, p in enumerate(PREFIX)]),
         seq_lens_sum=sum(PREFIX), spec_info=spec,
     )
+    plan = ()
+    if HAS_KV_LOC_PLAN:
+        be.kv_index_translator.bind_own_plan(fb)
+        plan = (fb.kv_loc_plan,)
     q = torch.randn(bs * N, HEADS * HEAD_DIM, generator=g).to(torch.bfloat16)
     k_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
     v_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
@@ -192,7 +202,7 @@ def _case(layout, dtype, ps, g):
         if grouped == paths[0] and layout == "nhd":
             # CUDA-graph path of the verify that runs: buffers refilled as before a replay
             be.chain_verify.init_cuda_graph_state(bs * N)
-            be._apply_cuda_graph_metadata(bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
+            be._apply_cuda_graph_metadata(*plan, bs, fb.req_pool_indices, fb.seq_lens, fb.forward_mode, spec)
             be.forward_metadata = be._build_cuda_graph_forward_metadata(bs, fb.forward_mode, spec)
             for w, name in kinds:
                 out[f"{tag}_{name}_graph_equals_eager"] = torch.equal(attend(w), eager[w])
@@ -258,7 +268,7 @@ def _check():
     g = torch.Generator().manual_seed(ps)
     return {
         f"{layout}/{dtype}": _case(layout, dtype, ps, g)
-        for layout, dtype in (("nhd", "bfloat16"), ("nhd", "float8_e4m3fn"), ("page_major", "bfloat16"))
+        for layout, dtype in CASES
     }
 
 
@@ -266,7 +276,7 @@ def _check():
 def test_paged_chain_verify_attends_like_the_extend_kernel(page_size, monkeypatch):
     monkeypatch.setenv(PAGE_ENV, str(page_size))
     res = run_as_script(__file__)
-    assert set(res) == {"nhd/bfloat16", "nhd/float8_e4m3fn", "page_major/bfloat16"}, res
+    assert set(res) == {f"{layout}/{dtype}" for layout, dtype in CASES}, res
     for case, out in res.items():
         fp8 = case.endswith("float8_e4m3fn")
         tol = TOL[case.split("/")[1]]

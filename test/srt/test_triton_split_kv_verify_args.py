@@ -1,5 +1,8 @@
 """--triton-attention-split-kv-verify: parsing, validation, and which backends
-build the decode-shaped verify (layers/attention/triton_chain_verify.py)."""
+build the decode-shaped verify (layers/attention/triton_chain_verify.py).
+
+0.5.17 only: 0.5.23 has no such flag; its backend selects the chain verify as a
+mode of upstream's split-KV verify (test_triton_verify_splitkv_mode.py)."""
 
 import logging
 import types
@@ -13,7 +16,7 @@ from test_kv_sharing_fast_prefill_args import (  # noqa: F401
     with_fields,
 )
 
-pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="triton-split-kv-verify-arg")
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="triton-split-kv-verify-arg", bases=("0.5.17",))
 
 FLAG = "--triton-attention-split-kv-verify"
 
@@ -33,7 +36,7 @@ def mtp(model, **overrides):
     return server_args(model("E4B"), **kwargs)
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step="triton-split-kv-verify-arg", fails_before=True)
+@pytest.mark.stack("frozen-kv-mtp-speed", step="triton-split-kv-verify-arg", fails_before=True, bases=("0.5.17",))
 def test_default_off_and_cli(model):
     assert server_args(model("E4B"), kv_sharing_fast_prefill=False).triton_attention_split_kv_verify is False
     args = server_args_from_cli(
@@ -76,7 +79,7 @@ def test_draft_tree_rejected(model):
 # --------------------------------------------------------------- the default
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default", fails_before=True)
+@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default", fails_before=True, bases=("0.5.17",))
 def test_unset_is_on_for_frozen_kv_mtp_on_triton(model, caplog):
     with caplog.at_level(logging.INFO, logger="sglang.srt.arg_groups.triton_split_kv_verify_hook"):
         args = mtp(model, triton_attention_split_kv_verify=None)
@@ -86,7 +89,7 @@ def test_unset_is_on_for_frozen_kv_mtp_on_triton(model, caplog):
     assert "--no-triton-attention-split-kv-verify" in caplog.text
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default")
+@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default", bases=("0.5.17",))
 @pytest.mark.parametrize(
     "change",
     [
@@ -101,7 +104,7 @@ def test_unset_stays_off_where_it_does_not_apply(model, change):
     assert mtp(model, **kwargs).triton_attention_split_kv_verify is False
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default")
+@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default", bases=("0.5.17",))
 def test_unset_off_without_speculation_and_the_cli_opt_out(model):
     assert server_args(model("E4B"), kv_sharing_fast_prefill=False).triton_attention_split_kv_verify is False
     argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "triton",
@@ -118,10 +121,10 @@ def test_unset_off_without_speculation_and_the_cli_opt_out(model):
      ({"dcp_size": 2}, False), ({"_translate_kv_loc": abs}, False), ({"use_mla": True}, False),
      ({"skip_prefill": True}, False), ({"is_draft_runner": True}, False), ({"flag": False}, False)],
 )
-@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode")
+@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode", bases=("0.5.17",))
 def test_backend_builds_chain_verify_only_where_wired(change, on, caplog):
-    from sglang.srt.layers.attention import triton_chain_verify
-    from sglang.srt.layers.attention.triton_chain_verify import chain_verify_enabled
+    from sglang.srt.layers.attention import triton_chain_verify_release as triton_chain_verify
+    from sglang.srt.layers.attention.triton_chain_verify_release import chain_verify_enabled
 
     # Engine tests earlier in the session may raise the root level or stop
     # sglang's loggers propagating: listen on the module's logger itself.

@@ -23,6 +23,23 @@ if os.environ.get("SGLANG_TEST_MTP_CPU_SHIM") == "1":
     if spec_tree is not None:
         spec_tree._is_xpu = True
 
+if os.environ.get("SGLANG_TEST_CHAIN_VERIFY_ON_CPU") == "1":
+    # SGLang 0.5.23 selects the chain verify on CUDA only (it is tuned for sm_90);
+    # let the selection see this CPU as CUDA, for that call alone, so the engine
+    # tests exercise it through Triton's interpreter.
+    from sglang.srt.layers.attention import triton_backend
+
+    _select_verify_splitkv = triton_backend._select_verify_splitkv
+
+    def _select_on_cpu(*args, **kwargs):
+        was, triton_backend._is_cuda = triton_backend._is_cuda, True
+        try:
+            return _select_verify_splitkv(*args, **kwargs)
+        finally:
+            triton_backend._is_cuda = was
+
+    triton_backend._select_verify_splitkv = _select_on_cpu
+
 if os.environ.get("SGLANG_TEST_ONE_NODE_TAIL_LOG"):
     # Record each round the one-node greedy verify tail (step one-node-greedy-verify-tail) answered,
     # so an engine test can tell it ran.

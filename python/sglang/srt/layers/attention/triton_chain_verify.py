@@ -13,7 +13,8 @@ token, over `req_to_token[req, :seq_len + i + 1]` (or its sliding window), which
 
 Same keys (a sliding layer's W + 1, as the extend kernel's mask keeps), same chain
 mask; the sum is split over the keys, so the result is not bitwise the extend
-kernel's. Off unless `--triton-attention-split-kv-verify`.
+kernel's. The backend selects it at start-up; what a release reads to select it, and
+how it fills the key lists, is in `triton_chain_verify_release.py` (one per release).
 
 By default the metadata holds one key list per request instead (its prefix and
 draft tokens; a sliding layer's union of the rows' windows, W + N keys) and
@@ -27,15 +28,20 @@ CUDA-graph capture (start-up) with an error naming that variable.
 """
 
 import dataclasses
-import logging
 
 import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.triton_chain_verify_grouped import (
     chain_verify_grouped_fwd,
 )
-
-logger = logging.getLogger(__name__)
+from sglang.srt.layers.attention.triton_chain_verify_release import (
+    decode_rows,
+    eager_kv_indices_len,
+    fill_key_lists,
+    graph_metadata_fields,
+    key_list_plan,
+    num_draft_tokens,
+)
 
 GROUPED_ENV = "SGLANG_CHAIN_VERIFY_GROUPED"
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -48,46 +54,11 @@ def chain_verify_grouped(backend) -> bool:
     return getattr(backend.token_to_kv_pool, "dtype", None) not in _FP8
 
 
-def chain_verify_enabled(backend, server_args) -> bool:
-    """Whether this backend verifies top-1 chains as decode queries."""
-    if not getattr(server_args, "triton_attention_split_kv_verify", False):
-        return False
-    if backend.skip_prefill or backend.is_draft_runner or backend.topk != 1:
-        return (
-            False  # no TARGET_VERIFY here (drafts); topk > 1 is a tree (hook rejects)
-        )
-    # Each of these takes a path of its own in forward_extend / the metadata
-    # builders; the chain form is only wired for the plain one.
-    unwired = [
-        name
-        for name, on in (
-            ("deterministic inference", backend.enable_deterministic),
-            ("decode context parallelism", backend.dcp_size > 1),
-            ("the unified memory pool", backend._translate_kv_loc is not None),
-            ("MLA", backend.use_mla),
-        )
-        if on
-    ]
-    if unwired:
-        logger.warning(
-            "--triton-attention-split-kv-verify is ignored with %s: verify keeps the "
-            "extend kernel",
-            ", ".join(unwired),
-        )
-    return not unwired
-
-
 def chain_query_lens(seq_lens, req_pool_indices, n):
     """Per draft token: its request's pool row and the keys it sees (prefix + i + 1)."""
     steps = torch.arange(1, n + 1, dtype=seq_lens.dtype, device=seq_lens.device)
     q_seq_lens = (seq_lens[:, None] + steps[None, :]).reshape(-1)
     return req_pool_indices.repeat_interleave(n), q_seq_lens
-
-
-def _num_draft_tokens(backend, spec_info):
-    # DSpark's draft propose verifies gamma tokens (< the verify window).
-    n = getattr(spec_info, "draft_token_num", None) if spec_info is not None else None
-    return backend.num_draft_tokens if n is None else int(n)
 
 
 class ChainVerify:
@@ -125,11 +96,16 @@ class ChainVerify:
                 max_num_tokens * self.window, dtype=torch.int64, device=dev
             )
 
-    def fill_graph_buffers(self, bs, seq_lens, req_pool_indices, spec_info):
+    def fill_graph_buffers(
+        self, bs, seq_lens, req_pool_indices, spec_info, plan=None
+    ):
+        """`plan`: what the release's index fill reads through (None where it
+        reads req_to_token itself)."""
         be = self.backend
-        n = _num_draft_tokens(be, spec_info)
+        n = num_draft_tokens(be, spec_info)
         rows, lens = self._lists(seq_lens[:bs], req_pool_indices[:bs], n, self.grouped)
         window_lens = self._fill(
+            plan,
             rows,
             lens,
             self.kv_indptr,
@@ -144,13 +120,12 @@ class ChainVerify:
         if self.swa:
             be.get_num_kv_splits(be.cuda_graph_window_num_kv_splits[:m], window_lens)
 
-    def graph_metadata(
-        self, bs, spec_info, swa_out_cache_loc, out_cache_loc_full_physical
-    ):
+    def graph_metadata(self, bs, spec_info, swa_out_cache_loc, **release_fields):
+        """`release_fields`: the ForwardMetadata fields only the release has."""
         from sglang.srt.layers.attention.triton_backend import ForwardMetadata
 
         be = self.backend
-        m = bs if self.grouped else bs * _num_draft_tokens(be, spec_info)
+        m = bs if self.grouped else bs * num_draft_tokens(be, spec_info)
         return ForwardMetadata(
             attn_logits=be.cuda_graph_attn_logits,
             attn_lse=be.cuda_graph_attn_lse,
@@ -169,7 +144,7 @@ class ChainVerify:
             window_kv_offsets=None,
             swa_attn_logits=be.cuda_graph_swa_attn_logits,
             swa_out_cache_loc=swa_out_cache_loc,
-            out_cache_loc_full_physical=out_cache_loc_full_physical,
+            **graph_metadata_fields(be, **release_fields),
         )
 
     # --- eager --------------------------------------------------------------------
@@ -181,14 +156,17 @@ class ChainVerify:
         per request or per draft token."""
         be = self.backend
         grouped = self.grouped if grouped is None else grouped
-        n = _num_draft_tokens(be, forward_batch.spec_info)
+        n = num_draft_tokens(be, forward_batch.spec_info)
         bs = len(forward_batch.req_pool_indices)
         rows, lens = self._lists(
             forward_batch.seq_lens[:bs], forward_batch.req_pool_indices, n, grouped
         )
         m, q_rows, dev = rows.shape[0], bs * n, be.device
-        # Exact size (one sync): eager verify runs only off the CUDA-graph path.
-        kv_indices = torch.empty(int(lens.sum().item()), dtype=torch.int64, device=dev)
+        kv_indices = torch.empty(
+            eager_kv_indices_len(forward_batch, lens, bs * n),
+            dtype=torch.int64,
+            device=dev,
+        )
         kv_indptr = torch.zeros(m + 1, dtype=torch.int32, device=dev)
         window_kv_indptr = window_kv_indices = None
         if self.swa:
@@ -197,6 +175,7 @@ class ChainVerify:
                 m * self._list_window(n, grouped), dtype=torch.int64, device=dev
             )
         window_lens = self._fill(
+            key_list_plan(forward_batch),
             rows,
             lens,
             kv_indptr,
@@ -252,13 +231,13 @@ class ChainVerify:
         be = self.backend
         if not self.grouped:
             # One decode row per draft token.
-            return be.forward_decode(
+            return decode_rows(
+                be,
                 q,
                 k,
                 v,
                 layer,
                 forward_batch,
-                save_kv_cache=False,
                 sinks=sinks,
                 score_mod=score_mod,
                 aux_tensors=aux_tensors,
@@ -305,7 +284,7 @@ class ChainVerify:
             o,
             md.window_kv_indptr if sliding else md.kv_indptr,
             md.window_kv_indices if sliding else md.kv_indices,
-            _num_draft_tokens(be, forward_batch.spec_info),
+            num_draft_tokens(be, forward_batch.spec_info),
             self.window if sliding else 0,
             attn_logits,
             md.attn_lse,
@@ -339,9 +318,7 @@ class ChainVerify:
         )
         be.forward_metadata = dataclasses.replace(grouped_md, **per_row)
         try:
-            return be.forward_decode(
-                q, k, v, layer, forward_batch, save_kv_cache=False, **kwargs
-            )
+            return decode_rows(be, q, k, v, layer, forward_batch, **kwargs)
         finally:
             be.forward_metadata = grouped_md
 
@@ -359,6 +336,7 @@ class ChainVerify:
 
     def _fill(
         self,
+        plan,
         rows,
         lens,
         kv_indptr,
@@ -368,35 +346,16 @@ class ChainVerify:
         n,
         grouped,
     ):
-        """The backend's decode index builders, run over each key list (see
+        """The release's decode index builders, run over each key list (see
         `_lists`). Returns the window lengths (None without sliding window)."""
-        from sglang.srt.layers.attention.triton_backend import (
-            create_flashinfer_kv_indices_triton,
-            update_sliding_window_buffer,
-        )
-
-        be = self.backend
-        m = rows.shape[0]
-        kv_indptr[1 : m + 1] = torch.cumsum(lens, dim=0)
-        create_flashinfer_kv_indices_triton[(m,)](
-            be.req_to_token,
+        return fill_key_lists(
+            self.backend,
+            plan,
             rows,
             lens,
             kv_indptr,
-            None,
             kv_indices,
-            be.req_to_token.stride(0),
-        )
-        if not self.swa:
-            return None
-        _, _, window_lens, _ = update_sliding_window_buffer(
+            self._list_window(n, grouped) if self.swa else None,
             window_kv_indptr,
-            be.req_to_token,
-            self._list_window(n, grouped),
-            lens,
-            rows,
-            m,
-            token_to_kv_pool=be.token_to_kv_pool,
-            window_kv_indices=window_kv_indices,
+            window_kv_indices,
         )
-        return window_lens
