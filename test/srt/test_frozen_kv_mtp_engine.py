@@ -19,6 +19,7 @@ HF transformers' for prompts whose HF continuation has no near-tie:
 docstring).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -55,17 +56,24 @@ def setup(tmp_path_factory):
         "SGLANG_DUMMY_WEIGHTS_AT_SCALE": "1",  # a seeded drafter, not +-1e-3
         "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "mtp_cpu_shim"), os.environ.get("PYTHONPATH", "")]),
     }
+    with environ(env):
+        hf = HFReference(target)
+        # prompts of 10-31 tokens: some start inside the window, some past it
+        candidates = [[(7 * i + 3 * j) % 500 + 5 for j in range(10 + 3 * i)] for i in range(8)]
+        kept = decisive_prompts(hf, candidates, max(NEW_TOKENS))
+        prompts = [list(p) for p in list(kept)[: len(NEW_TOKENS)]]
+        assert len(prompts) == len(NEW_TOKENS)
+        want = [kept[tuple(p)][0][:n] for p, n in zip(prompts, NEW_TOKENS)]
+        yield target, draft, prompts, want, root
+
+
+@contextlib.contextmanager
+def environ(env):
+    """os.environ with ``env`` set (read by the engine's scheduler process), restored after."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    hf = HFReference(target)
-    # prompts of 10-31 tokens: some start inside the window, some past it
-    candidates = [[(7 * i + 3 * j) % 500 + 5 for j in range(10 + 3 * i)] for i in range(8)]
-    kept = decisive_prompts(hf, candidates, max(NEW_TOKENS))
-    prompts = [list(p) for p in list(kept)[: len(NEW_TOKENS)]]
-    assert len(prompts) == len(NEW_TOKENS)
-    want = [kept[tuple(p)][0][:n] for p, n in zip(prompts, NEW_TOKENS)]
     try:
-        yield target, draft, prompts, want, root
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
@@ -103,16 +111,8 @@ def mtp(setup, return_logprob=True, **extra):
         on = extra.pop("triton_attention_split_kv_verify", False) is not False
         env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "1" if on else "0",
                "SGLANG_TEST_CHAIN_VERIFY_ON_CPU": "1" if on else "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environ(env):
         tokens, verify = serve(setup, return_logprob, **mtp_kwargs(draft, 3), **extra)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     # the speculative path ran: every round verified, at least one token each
     assert all(v is not None and 0 < v <= n for v, n in zip(verify, NEW_TOKENS)), verify
     return tokens
