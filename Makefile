@@ -28,7 +28,7 @@ JOBS ?= 2
 .PHONY: demo test install check export clean
 
 $(VENV)/.deps: $(REQS)
-	@$(PY) tools/check_env.py
+	@$(PY) tools/check_env.py $(VENV)
 	@echo "[phase] dependencies$(PHASE): creating $(VENV) (takes minutes on a fresh machine)"
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --no-cache-dir --upgrade pip || { echo "error: pip could not reach the package index (check network/proxy)"; exit 1; }

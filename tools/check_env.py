@@ -26,7 +26,10 @@ def disk_error(where: Path, free_bytes: int, need_bytes: int = NEED_BYTES) -> st
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    # The venv about to be made (Makefile: $(VENV)); .venv when not given.
+    args = sys.argv[1:] if argv is None else argv
+    venv = Path(args[0]) if args else Path(".venv")
     try:
         # The same check `fork.py install` makes, before minutes go into the venv.
         pick_key(Fork(), None, strict=True)
@@ -39,7 +42,7 @@ def main() -> None:
             file=sys.stderr,
         )
     here = Path.cwd()
-    if (here / ".venv").exists():
+    if (here / venv).exists():
         return  # an update of an existing venv needs far less than a new one
     msg = disk_error(here, shutil.disk_usage(here).free)
     if msg:

@@ -31,8 +31,14 @@ def test_main_exits_before_pip_on_a_full_disk(monkeypatch, tmp_path):
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=GIB))
     monkeypatch.chdir(tmp_path)  # a clean clone: no .venv yet
     with pytest.raises(SystemExit) as exc:
-        check_env.main()
+        check_env.main([])
     assert "1.0 GiB free" in str(exc.value)
     # updating an existing venv is not refused
     (tmp_path / ".venv").mkdir()
-    check_env.main()
+    check_env.main([])
+    # ... but another base's new venv beside it is: each needs its own 6 GB
+    with pytest.raises(SystemExit) as exc:
+        check_env.main([".venv-0.5.23"])
+    assert "1.0 GiB free" in str(exc.value)
+    (tmp_path / ".venv-0.5.23").mkdir()
+    check_env.main([".venv-0.5.23"])
