@@ -9,7 +9,8 @@ alignment) is recorded, and the live ``req_to_token`` it reads must come out
 unchanged. Whether the launches hit the same compiled kernels as a real round
 is a GPU check (the compile log of ``serve_mtp.py --jit-log``, device stage MK).
 
-Works on both bases; the kernel list is per release
+Works on both bases: the driver launches ``assign_req_to_token_pool``, the
+same on both; the verify-side kernel list is per release
 (``spec_decode_kernel_launches``), decided once below (FUSED_COMMIT).
 """
 
@@ -111,13 +112,13 @@ def _check():
         # they pick the Triton kernel on a CUDA-like device only.
         cache_locs._is_cuda = True
         kernels = [
-            (launches, "assign_req_to_token_pool"),
+            (warmup, "assign_req_to_token_pool"),
             (cache_locs, "assign_extend_cache_locs_uniform"),
             (eagle_kernels, "_verify_commit_outputs_kernel"),
         ]
     else:
         kernels = [
-            (launches, "assign_req_to_token_pool"),
+            (warmup, "assign_req_to_token_pool"),
             (launches, "assign_extend_cache_locs_uniform"),
             (launches, "fill_bonus_tokens"),
         ]
@@ -126,10 +127,10 @@ def _check():
     torch.manual_seed(0)
     req_to_token = torch.randint(0, 1 << 20, (MAX_BS + 1, POOL_LEN), dtype=torch.int32)
     before = req_to_token.clone()
-    launches.launch_spec_decode_kernels(req_to_token, warmup.batch_size_buckets(MAX_BS), CONFIGS, 1)
+    warmup.launch_spec_decode_kernels(req_to_token, warmup.batch_size_buckets(MAX_BS), CONFIGS, 1)
     chain = list(launches_seen)
     launches_seen.clear()
-    launches.launch_spec_decode_kernels(req_to_token, [], TREE_CONFIGS, 4)
+    warmup.launch_spec_decode_kernels(req_to_token, [], TREE_CONFIGS, 4)
     return {
         "launches": chain,
         "tree_launches": list(launches_seen),

@@ -3,9 +3,10 @@ decode round picks from its batch size and step count.
 
 A few small kernels on a round's host path take a ``tl.constexpr`` that moves
 with the batch: the batch size's next power of two (``bs_upper``) or the step
-count (the draft width, the accepted-token stride). Which kernels they are
-depends on the release's verify; ``spec_decode_kernel_launches`` lists them
-and launches each one.
+count (the draft width, the accepted-token stride). ``assign_req_to_token_pool``
+(``alloc_for_spec_decode``: ``bs_upper``) is the same on every release and is
+launched here; the verify-side ones depend on the release's verify, and
+``spec_decode_kernel_launches`` lists and launches them.
 
 Triton compiles each new value on first use, on the scheduler thread, inside
 the round's launch: tens of ms per kernel on a cold cache. A server paid it
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Iterable
 
 import torch
-from sglang.srt.speculative.spec_decode_kernel_launches import (
-    launch_spec_decode_kernels,
-)
+from sglang.srt.mem_cache.allocation import assign_req_to_token_pool
+from sglang.srt.speculative.spec_decode_kernel_launches import launch_verify_kernels
 from sglang.srt.utils import is_cuda, is_hip, next_power_of_2
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,38 @@ def step_configs(worker) -> list[tuple[int, int]]:
         # AdaptiveController.init_states builds each candidate as (s, s + 1).
         configs |= {(s, s + 1) for s in controller.candidate_steps}
     return sorted(configs)
+
+
+def _both_alignments(n: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    # One 16-byte-aligned buffer and one offset by one element: the allocator
+    # hands out slices of its free list, so the round sees either. The
+    # verify-side launches use it too.
+    buf = torch.zeros(n + 1, dtype=dtype, device=device)
+    return buf[:n], buf[1:]
+
+
+def launch_spec_decode_kernels(
+    req_to_token: torch.Tensor,
+    batch_sizes: Iterable[int],
+    configs: Iterable[tuple[int, int]],
+    topk: int = 1,
+) -> None:
+    """Launch each kernel once per specialization: ``assign_req_to_token_pool``
+    for every batch size, then the release's verify-side kernels for every
+    (draft steps, draft tokens). Every row has start == end (or reads row 0
+    into a scratch tensor), so ``req_to_token`` is not written."""
+    device = req_to_token.device
+    pool_len = req_to_token.shape[1]
+    for bs in batch_sizes:
+        # As alloc_for_spec_decode: int64 pool indices and out locations,
+        # int32 kv lengths (eagle_prepare_for_decode).
+        indices = torch.zeros(bs, dtype=torch.int64, device=device)
+        lens = torch.zeros(bs, dtype=torch.int32, device=device)
+        for out_cache_loc in _both_alignments(1, torch.int64, device):
+            assign_req_to_token_pool[(bs,)](
+                indices, req_to_token, lens, lens, out_cache_loc, pool_len, bs
+            )
+    launch_verify_kernels(req_to_token, configs, topk)
 
 
 def warm_spec_decode_kernels(worker) -> None:

@@ -1,9 +1,8 @@
-"""The Triton kernels of a spec-v2 decode round whose ``tl.constexpr`` follows
-the batch size or the step count, launched once per reachable value by
-``spec_decode_kernel_warmup``:
+"""This release's verify-side Triton kernels of a spec-v2 decode round whose
+``tl.constexpr`` follows the step count, launched once per reachable value by
+``spec_decode_kernel_warmup`` (which launches ``assign_req_to_token_pool``, the
+same on every release, itself):
 
-- ``assign_req_to_token_pool`` (``alloc_for_spec_decode``): ``bs_upper``, the
-  batch size's next power of two;
 - ``assign_extend_cache_locs_uniform`` (``eagle_prepare_for_verify``):
   ``draft_token_num``;
 - ``_verify_commit_outputs_kernel`` (``run_eagle_verify``'s fused commit on
@@ -30,35 +29,19 @@ from sglang.kernels.ops.speculative.cache_locs import (
     assign_extend_cache_locs_uniform_func,
 )
 from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
-from sglang.srt.mem_cache.allocation import assign_req_to_token_pool
 
 
-def _both_alignments(n: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    # One 16-byte-aligned buffer and one offset by one element: the allocator
-    # hands out slices of its free list, so the round sees either.
-    buf = torch.zeros(n + 1, dtype=dtype, device=device)
-    return buf[:n], buf[1:]
-
-
-def launch_spec_decode_kernels(
+def launch_verify_kernels(
     req_to_token: torch.Tensor,
-    batch_sizes: Iterable[int],
     configs: Iterable[tuple[int, int]],
     topk: int = 1,
 ) -> None:
-    """Launch each kernel once per specialization. Every row has start == end
-    (or reads row 0 into a scratch tensor), so ``req_to_token`` is not written."""
+    """Launch each kernel once per (draft steps, draft tokens). The verify prep
+    only reads row 0, so ``req_to_token`` is not written."""
+    # Imported here: spec_decode_kernel_warmup imports this module.
+    from sglang.srt.speculative.spec_decode_kernel_warmup import _both_alignments
+
     device = req_to_token.device
-    pool_len = req_to_token.shape[1]
-    for bs in batch_sizes:
-        # As alloc_for_spec_decode: int64 pool indices and out locations,
-        # int32 kv lengths (eagle_prepare_for_decode).
-        indices = torch.zeros(bs, dtype=torch.int64, device=device)
-        lens = torch.zeros(bs, dtype=torch.int32, device=device)
-        for out_cache_loc in _both_alignments(1, torch.int64, device):
-            assign_req_to_token_pool[(bs,)](
-                indices, req_to_token, lens, lens, out_cache_loc, pool_len, bs
-            )
     one_index = torch.zeros(1, dtype=torch.int64, device=device)
     for steps, draft_tokens in configs:
         # batch.seq_lens (int64) is both the verify's start offsets and the
