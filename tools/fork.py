@@ -842,6 +842,151 @@ sys.exit(pytest.main(args, plugins=[ImportTouched()]))
 """ % IMPORT_FAILED
 
 
+# A check runs about a hundred short Python processes (one per step, one per proof), and
+# each spent about 8 s of CPU importing the same third-party modules (torch, transformers,
+# openai, ...) before the step's own code. A preloaded interpreter imports those once and
+# forks a child per run; the child imports sglang and the tests from the step's tree as a
+# fresh process would (nothing of sglang is loaded before the fork), with the run's
+# working directory, environment, sys.path and arguments.
+PRELOAD_PROBE = """\
+import importlib, json, os, sys
+tree = os.path.realpath(sys.argv[1])
+for name in ["pytest", *sys.argv[2:]]:
+    try:
+        importlib.import_module(name)
+    except BaseException:
+        pass
+names = []
+for name, mod in list(sys.modules.items()):
+    path = getattr(mod, "__file__", None)
+    if name != "__main__" and path and not os.path.realpath(path).startswith(tree + os.sep):
+        names.append(name)
+print("PRELOAD " + json.dumps(names))
+"""
+# The preloaded interpreter: reads one JSON request a line on stdin, forks, and answers
+# each with a JSON line ({"rc": N}) on the descriptor it got as argv[1].
+PRELOADED = """\
+import atexit, io, json, os, runpy, sys, threading, traceback
+reply = os.fdopen(int(sys.argv[1]), "w")
+base_path = [p for p in sys.path if p]
+for name in json.loads(sys.stdin.readline()):
+    try:
+        __import__(name)
+    except BaseException:
+        pass
+loaded = sorted(n for n in sys.modules if n == "sglang" or n.startswith("sglang."))
+reply.write(json.dumps({"ready": not loaded, "loaded": loaded[:5]}) + "\\n")
+reply.flush()
+
+def child(req):
+    for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    reply.close()
+    sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False))
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    sys.dont_write_bytecode = bool(req["env"].get("PYTHONDONTWRITEBYTECODE"))
+    extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [""] + extra + base_path
+    args = req["args"]
+    code = 0
+    try:
+        if args[0] == "-c":
+            sys.argv = ["-c", *args[2:]]
+            exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            sys.argv = [args[1], *args[2:]]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        child(req)
+    _, status = os.waitpid(pid, 0)
+    reply.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\\n")
+    reply.flush()
+"""
+
+
+class _Interpreter:
+    """Runs ``python ARGS`` for the check: forked from a preloaded interpreter when one
+    could start (``preload``: the module names it imports first), else as a subprocess."""
+
+    def __init__(self, python: str, preload: list[str] | None, tmp: Path):
+        self.python, self.tmp, self.proc = python, tmp, None
+        if not preload:
+            return
+        r, w = os.pipe()
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        proc = subprocess.Popen([python, "-c", PRELOADED, str(w)], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                pass_fds=(w,), env=env, text=True)
+        os.close(w)
+        self.replies = os.fdopen(r)
+        proc.stdin.write(json.dumps(preload) + "\n")
+        proc.stdin.flush()
+        ready = self.replies.readline()
+        if ready and json.loads(ready).get("ready"):
+            self.proc = proc
+        else:  # sglang got imported with the rest: children would not load the tree's
+            self.close(proc)
+
+    def run(self, args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+        if self.proc is None:
+            return subprocess.run([self.python, *args], cwd=cwd, env=env, capture_output=True,
+                                  text=True)
+        out, err = (tempfile.mkstemp(dir=self.tmp, suffix=s)[1] for s in (".out", ".err"))
+        self.proc.stdin.write(json.dumps({"args": args, "cwd": str(cwd), "env": env,
+                                          "stdout": out, "stderr": err}) + "\n")
+        self.proc.stdin.flush()
+        rc = json.loads(self.replies.readline())["rc"]
+        texts = [Path(f).read_text(errors="replace") for f in (out, err)]
+        for f in (out, err):
+            os.unlink(f)
+        return subprocess.CompletedProcess([self.python, *args], rc, *texts)
+
+    def close(self, proc=None) -> None:
+        proc = proc or self.proc
+        self.proc = None
+        if proc is not None:
+            proc.stdin.close()
+            proc.wait()
+            self.replies.close()
+
+
+def preload_names(python: str, tree: Path, modules: list[str]) -> list[str]:
+    """The modules outside ``tree`` that importing ``modules`` from it loads (in import
+    order): what a preloaded interpreter imports before forking a step's runs."""
+    res = subprocess.run([python, "-c", PRELOAD_PROBE, str(tree / "python"), *modules],
+                         env=_tree_env(tree), capture_output=True, text=True)
+    lines = [l for l in res.stdout.splitlines() if l.startswith("PRELOAD ")]
+    return json.loads(lines[-1][len("PRELOAD "):]) if lines else []
+
+
 @dataclass
 class StepReport:
     step: Step
@@ -872,15 +1017,14 @@ def _tree_env(tree: Path) -> dict:
     return env
 
 
-def _pytest(fork: Fork, python: str, tree: Path, nodeids: list[str],
+def _pytest(fork: Fork, interp: _Interpreter, tree: Path, nodeids: list[str],
             import_first: list[str] | None = None) -> subprocess.CompletedProcess:
     args = ["-q", "-p", "no:cacheprovider", "-x", *nodeids]
     if import_first:
-        cmd = [python, "-c", IMPORT_PROBE, *import_first, "--", *args]
+        cmd = ["-c", IMPORT_PROBE, *import_first, "--", *args]
     else:
-        cmd = [python, "-m", "pytest", *args]
-    return subprocess.run(cmd, cwd=fork.root, env=_tree_env(tree), capture_output=True,
-                          text=True)
+        cmd = ["-m", "pytest", *args]
+    return interp.run(cmd, fork.root, _tree_env(tree))
 
 
 def _checkout(tree: Path, rev: str) -> None:
@@ -888,13 +1032,14 @@ def _checkout(tree: Path, rev: str) -> None:
     git(tree, "clean", "-q", "-f", "-d", "-x")
 
 
-def _run_job(fork: Fork, python: str, tree: Path, cwd: Path, job: _Job) -> tuple[int, int]:
+def _run_job(fork: Fork, python: str, interp: _Interpreter, tree: Path, cwd: Path,
+             job: _Job) -> tuple[int, int]:
     """Check one job in ``tree`` (a worktree this job has to itself); returns (modules
     imported, tests run) or raises ForkError with the cause."""
     s = job.step
     if job.proofs:
         _checkout(tree, job.before)
-        res = _pytest(fork, python, tree, job.proofs)
+        res = _pytest(fork, interp, tree, job.proofs)
         if res.returncode in (0, 5):
             raise ForkError(f"{', '.join(job.proofs)} pass(es) before step {s.line} "
                             "exists; a test marked fails_before must fail there:\n"
@@ -913,13 +1058,12 @@ def _run_job(fork: Fork, python: str, tree: Path, cwd: Path, job: _Job) -> tuple
                                 + res.stderr[-4000:])
         mods = python_modules(py)
         if mods and not job.tests:  # else imported by the tests' process, below
-            res = subprocess.run([python, "-c", IMPORT_PROBE, *mods], env=_tree_env(tree),
-                                 cwd=cwd, capture_output=True, text=True)
+            res = interp.run(["-c", IMPORT_PROBE, *mods], cwd, _tree_env(tree))
             if res.returncode:
                 raise ForkError(f"step {s.line}: a module it touches does not import:\n"
                                 + res.stderr[-6000:])
     if job.tests:
-        res = _pytest(fork, python, tree, job.tests, import_first=mods)
+        res = _pytest(fork, interp, tree, job.tests, import_first=mods)
         if res.returncode == IMPORT_FAILED:
             raise ForkError(f"step {s.line}: a module it touches does not import:\n"
                             + res.stderr[-6000:])
@@ -932,7 +1076,7 @@ def _run_job(fork: Fork, python: str, tree: Path, cwd: Path, job: _Job) -> tuple
 def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
                stack: str | None = None, start: str | None = None, jobs: int = 1,
                last_stack_in_suite: bool = False, stack_tests_in_suite: bool = False,
-               log=print) -> list[StepReport]:
+               preload: bool = True, log=print) -> list[StepReport]:
     """Every step is a working tree: applied in order with git am, each step's touched
     modules byte-compile and import from the tree, and its tests pass there (those
     marked fails_before also fail just before it).
@@ -954,7 +1098,11 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
 
     ``stack_tests_in_suite`` (``make test``, for CI time): every stack's tests without a
     step (its engine and server runs, the long ones) are left to the suite, which runs
-    them on the whole series; each step's own tests and every proof still run here."""
+    them on the whole series; each step's own tests and every proof still run here.
+
+    ``preload``: each job's Python runs are forked from an interpreter that has imported
+    the third-party modules the series' code imports (PRELOADED); sglang and the tests
+    still load from the step's tree in each run."""
     python = os.path.abspath(python) if python else sys.executable
     steps = read_series(fork)
     problems = lint_series(steps)
@@ -1028,21 +1176,28 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
             order = {s.name: i for i, s in enumerate(steps)}
             plan.sort(key=lambda j: (j.probe, -order[j.step.name] if not j.probe
                                      else order[j.step.name]))
-        free: "queue.Queue[Path]" = queue.Queue()
+        names = []
+        if preload and any(j.probe or j.tests for j in plan):
+            touched = [p for p, st in changed_files(tree, f"{BASE_TAG}..HEAD").items()
+                       if st != "D" and p.endswith(".py")]
+            names = preload_names(python, tree, python_modules(touched))
+        free: "queue.Queue[tuple[Path, _Interpreter]]" = queue.Queue()
+        interps = []
         for i in range(min(jobs, len(plan)) or 1):
             wt = Path(tmp) / f"worktree-{i}"
             git(tree, "worktree", "add", "-q", "--detach", str(wt), "HEAD")
-            free.put(wt)
+            interps.append(_Interpreter(python, names, Path(tmp)))
+            free.put((wt, interps[-1]))
         left = {s.name: sum(1 for j in plan if j.step is s) for s in checked}
         done: dict[str, StepReport] = {s.name: StepReport(s, 0.0, 0, 0, []) for s in checked}
 
         def run(job: _Job) -> _Job:
-            wt = free.get()
+            wt, interp = free.get()
             try:
                 t0 = time.monotonic()
-                mods, ran = _run_job(fork, python, wt, Path(tmp), job)
+                mods, ran = _run_job(fork, python, interp, wt, Path(tmp), job)
             finally:
-                free.put(wt)
+                free.put((wt, interp))
             rep = done[job.step.name]
             rep.seconds += time.monotonic() - t0
             rep.imported += mods
@@ -1069,6 +1224,9 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
                 for f in futures:
                     f.cancel()
                 raise
+            finally:
+                for interp in interps:
+                    interp.close()
     return [done[s.name] for s in checked]
 
 
@@ -1180,6 +1338,9 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                    help="with --each: leave the last step's tests and its stack's to the "
                    "suite that runs next on the same tree (make test); also those of the "
                    "last stack with tests, when only stacks no test is marked for follow it")
+    p.add_argument("--no-preload", action="store_true",
+                   help="with --each: start every test run as a new Python process "
+                   "(default: forked from one that has imported the third-party modules)")
     p.add_argument("--stack-tests-in-suite", action="store_true",
                    help="with --each: leave every stack's tests without a step to the suite "
                    "(make test); steps' own tests and proofs still run")
@@ -1206,6 +1367,7 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                                  stack=args.stack, start=args.start, jobs=args.jobs,
                                  last_stack_in_suite=args.last_stack_in_suite,
                                  stack_tests_in_suite=args.stack_tests_in_suite,
+                                 preload=not args.no_preload,
                                  log=lambda m: print(m, flush=True))
             print(f"ok: all {len(reports)} steps apply, import and pass their tests "
                   f"({sum(r.tests for r in reports)} test selections, "

@@ -590,3 +590,42 @@ def test_real_series_reads_as_stacks_and_exports_with_cover_letters(tmp_path):
         ["diff", "-r", "-q", "-x", ".git", "-x", "__pycache__", str(pristine / "python"),
          str(mat / "python")], capture_output=True, text=True)
     assert diff.returncode == 0, diff.stdout
+
+
+def test_preloaded_interpreter_runs_each_command_as_a_new_process_would(tmp_path):
+    """check --each forks its Python runs from an interpreter that imported third-party
+    modules first: each run still gets its own cwd, environment, sys.path, arguments and
+    exit code, and loads sglang from its tree (never a copy loaded before the fork)."""
+    tree = tmp_path / "tree" / "python" / "sglang"
+    tree.mkdir(parents=True)
+    (tree / "__init__.py").write_text("import os\nWHERE = __file__\nSEEN = os.environ['PROBE']\n")
+    interp = fork._Interpreter(sys.executable, ["json", "email.message"], tmp_path)
+    assert interp.proc is not None
+    script = ("import os, sys, sglang\n"
+              "print(sglang.WHERE, sglang.SEEN, sys.argv[1:], os.getcwd(), 'email.message' in sys.modules)\n"
+              "print('to stderr', file=sys.stderr)\n"
+              "sys.exit(int(sys.argv[1]))\n")
+    env = dict(fork._tree_env(tmp_path / "tree"), PROBE="7")
+    for rc in (0, 3):
+        res = interp.run(["-c", script, str(rc), "x"], tmp_path, env)
+        assert res.returncode == rc and res.stderr.strip().endswith("to stderr"), res
+        assert res.stdout.split() == [str(tree / "__init__.py"), "7", f"['{rc}',", "'x']",
+                                      str(tmp_path), "True"]
+    res = interp.run(["-c", "raise ValueError('boom')"], tmp_path, env)
+    assert res.returncode == 1 and "ValueError: boom" in res.stderr
+    res = interp.run(["-m", "json.tool", "--help"], tmp_path, env)
+    assert res.returncode == 0 and "usage:" in res.stdout
+    interp.close()
+    # a preload list that imports sglang itself: runs fall back to new processes
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sglang.py").write_text("")
+    saved = dict(fork.os.environ)
+    fork.os.environ["PYTHONPATH"] = str(tmp_path / "site")
+    try:
+        other = fork._Interpreter(sys.executable, ["sglang"], tmp_path)
+    finally:
+        fork.os.environ.clear()
+        fork.os.environ.update(saved)
+    assert other.proc is None
+    res = other.run(["-c", script, "5", "y"], tmp_path, env)
+    assert res.returncode == 5 and str(tree / "__init__.py") in res.stdout
