@@ -9,8 +9,9 @@ HF transformers' for prompts whose HF continuation has no near-tie:
 - FROZEN_KV_MTP with a Gemma-4 assistant drafter (seeded random weights);
 - with `--speculative-adaptive` (step frozen-kv-mtp-adaptive), a config that sends batches of 2+ to
   0 draft steps and a batch of 1 to 3: the requests finish one by one, so the run
-  switches 3 -> 0 -> 3 steps (checked in the scheduler's log); without logprobs,
-  the 0-step rounds take the one-node greedy tail (step one-node-greedy-verify-tail);
+  switches 3 -> 0 -> 3 steps (checked in the scheduler's log); the same engine serves the
+  prompts again without logprobs, and the 0-step rounds take the one-node greedy tail
+  (step one-node-greedy-verify-tail);
 - with `--triton-attention-split-kv-verify` (steps triton-split-kv-verify-arg, chain-verify-as-decode;
   0.5.23 has no flag: SGLANG_ENABLE_SPLITKV_VERIFY selects the chain mode of its split-KV
   verify, on CUDA only, which the shim lets the CPU pass for);
@@ -82,23 +83,39 @@ def environ(env):
                 os.environ[k] = v
 
 
-def serve(setup, return_logprob=True, **overrides):
-    """Greedy tokens and verify-round counts of the prompts sent as one batch."""
+@contextlib.contextmanager
+def engine(setup, **overrides):
+    """An engine on the tiny target; yields generate(return_logprob) -> (greedy tokens,
+    verify-round counts) of the prompts sent as one batch."""
     target, _, prompts, _, _ = setup
-    engine = start_engine(target, **{**TRITON_ENGINE, **overrides})
-    try:
-        outs = engine.generate(
+    eng = start_engine(target, **{**TRITON_ENGINE, **overrides})
+
+    def generate(return_logprob=True):
+        outs = eng.generate(
             input_ids=prompts,
             sampling_params=[{"max_new_tokens": n, "temperature": 0.0} for n in NEW_TOKENS],
             return_logprob=return_logprob,
         )
+        tokens = [greedy_of(o)[0] if return_logprob else o["output_ids"] for o in outs]
+        return tokens, [o["meta_info"].get("spec_verify_ct") for o in outs]
+
+    try:
+        yield generate
     finally:
-        engine.shutdown()
-    tokens = [greedy_of(o)[0] if return_logprob else o["output_ids"] for o in outs]
-    return tokens, [o["meta_info"].get("spec_verify_ct") for o in outs]
+        eng.shutdown()
 
 
-def mtp(setup, return_logprob=True, **extra):
+def serve(setup, return_logprob=True, **overrides):
+    """Greedy tokens and verify-round counts of the prompts sent as one batch."""
+    with engine(setup, **overrides) as generate:
+        return generate(return_logprob)
+
+
+@contextlib.contextmanager
+def mtp_engine(setup, **extra):
+    """An FROZEN_KV_MTP engine (3 steps, the assistant drafter); yields
+    generate(return_logprob) -> greedy tokens, having checked that every request took
+    the speculative path (every round verified, at least one token each)."""
     _, draft, _, _, _ = setup
     # Stock's extend-kernel verify unless a test asks for the split-KV one (FROZEN_KV_MTP's
     # default from step split-kv-verify-default, whose resolution test_triton_split_kv_verify_args
@@ -111,11 +128,18 @@ def mtp(setup, return_logprob=True, **extra):
         on = extra.pop("triton_attention_split_kv_verify", False) is not False
         env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "1" if on else "0",
                "SGLANG_TEST_CHAIN_VERIFY_ON_CPU": "1" if on else "0"}
-    with environ(env):
-        tokens, verify = serve(setup, return_logprob, **mtp_kwargs(draft, 3), **extra)
-    # the speculative path ran: every round verified, at least one token each
-    assert all(v is not None and 0 < v <= n for v, n in zip(verify, NEW_TOKENS)), verify
-    return tokens
+    with environ(env), engine(setup, **mtp_kwargs(draft, 3), **extra) as generate:
+        def verified(return_logprob=True):
+            tokens, verify = generate(return_logprob)
+            assert all(v is not None and 0 < v <= n for v, n in zip(verify, NEW_TOKENS)), verify
+            return tokens
+
+        yield verified
+
+
+def mtp(setup, return_logprob=True, **extra):
+    with mtp_engine(setup, **extra) as generate:
+        return generate(return_logprob)
 
 
 @pytest.mark.stack("generic-fixes")
@@ -131,29 +155,25 @@ def test_mtp_matches_hf(setup):
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed")
-def test_adaptive_mtp_matches_hf_and_switches_steps(setup, capfd):
+def test_adaptive_mtp_matches_hf_switches_steps_and_takes_the_greedy_tail(setup, capfd, monkeypatch):
+    """One adaptive engine, the prompts sent twice. With logprobs: HF's tokens, and the
+    run switches 3 -> 0 -> 3 steps as the batch shrinks; the 0-step rounds keep the tree
+    sampling (the tail needs no logprobs). Without logprobs (step
+    one-node-greedy-verify-tail): HF's tokens again, and the 0-step rounds of the batches
+    of 3 and 2 are answered by the one-node tail (the shim logs each round it answered)."""
     root = setup[4]
     cfg = root / "adaptive.json"
     cfg.write_text(json.dumps({"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}}))
-    tokens = mtp(setup, speculative_adaptive=True, speculative_adaptive_config=str(cfg), log_level="info")
-    assert tokens == setup[3]
-    log = capfd.readouterr().err
-    assert "Switch adaptive runtime state: steps 3 -> 0" in log
-    assert "Switch adaptive runtime state: steps 0 -> 3" in log
-
-
-@pytest.mark.stack("frozen-kv-mtp-speed")
-def test_adaptive_zero_step_greedy_tail_matches_hf(setup, monkeypatch):
-    """Step one-node-greedy-verify-tail: without logprobs, the 0-step rounds of greedy requests take
-    the one-node tail (the shim logs each round it answered)."""
-    root = setup[4]
-    cfg = root / "adaptive-tail.json"
-    cfg.write_text(json.dumps({"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}}))
     log = root / "tail.log"
     monkeypatch.setenv("SGLANG_TEST_ONE_NODE_TAIL_LOG", str(log))  # read by the scheduler process
-    tokens = mtp(setup, False, speculative_adaptive=True, speculative_adaptive_config=str(cfg))
-    assert tokens == setup[3]
-    # batches of 3 and 2 ran 0-step rounds, each answered by the tail
+    with mtp_engine(setup, speculative_adaptive=True, speculative_adaptive_config=str(cfg),
+                    log_level="info") as generate:
+        assert generate(return_logprob=True) == setup[3]
+        err = capfd.readouterr().err
+        assert "Switch adaptive runtime state: steps 3 -> 0" in err
+        assert "Switch adaptive runtime state: steps 0 -> 3" in err
+        assert not log.exists() or not log.read_text().split()
+        assert generate(return_logprob=False) == setup[3]
     sizes = [int(x) for x in log.read_text().split()]
     assert {3, 2} <= set(sizes) and all(s in (2, 3) for s in sizes), sizes
 
