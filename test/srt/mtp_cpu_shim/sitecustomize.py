@@ -1,57 +1,60 @@
-"""Test-only: lets FROZEN_KV_MTP run on this CPU machine (imported by every Python
-process started with this folder on PYTHONPATH, the engine's scheduler included).
+"""Test-only: lets FROZEN_KV_MTP run on this CPU machine (run by every Python process
+started with this folder on PYTHONPATH, the engine's scheduler included).
 
 The CPU test machine is neither CUDA nor SGLang's CPU backend (no sgl_kernel), so
 stock modules (two on 0.5.17, three on 0.5.23) pick no implementation for the
 speculative tree build, the greedy tree verify and the verify's cache slots. Stock ships Triton versions of all three
 (the XPU path); this routes those gates there, and Triton's interpreter runs them.
-On a GPU the CUDA sgl_kernel ops run instead.
+On a GPU the CUDA sgl_kernel ops run instead. Each patch applies when the process
+imports its module (after_import.py), so processes that never do pay nothing.
 """
 
 import os
 
-if os.environ.get("SGLANG_TEST_MTP_CPU_SHIM") == "1":
-    from sglang.kernels.ops.speculative import cache_locs
-    from sglang.srt.speculative import eagle_utils
+from after_import import after_import
 
-    eagle_utils._is_xpu = True
-    cache_locs._is_xpu = True
-    try:  # SGLang 0.5.23 moved the tree build's and greedy verify's gates here
-        from sglang.kernels.ops.speculative import spec_tree
-    except ImportError:
-        spec_tree = None
-    if spec_tree is not None:
-        spec_tree._is_xpu = True
+
+def _route_to_triton(module):
+    module._is_xpu = True
+
+
+if os.environ.get("SGLANG_TEST_MTP_CPU_SHIM") == "1":
+    after_import("sglang.srt.speculative.eagle_utils", _route_to_triton)
+    after_import("sglang.kernels.ops.speculative.cache_locs", _route_to_triton)
+    # SGLang 0.5.23 moved the tree build's and greedy verify's gates here (absent on 0.5.17)
+    after_import("sglang.kernels.ops.speculative.spec_tree", _route_to_triton)
 
 if os.environ.get("SGLANG_TEST_CHAIN_VERIFY_ON_CPU") == "1":
     # SGLang 0.5.23 selects the chain verify on CUDA only (it is tuned for sm_90);
     # let the selection see this CPU as CUDA, for that call alone, so the engine
     # tests exercise it through Triton's interpreter.
-    from sglang.srt.layers.attention import triton_backend
+    def _select_chain_verify_on_cpu(triton_backend):
+        _select_verify_splitkv = triton_backend._select_verify_splitkv
 
-    _select_verify_splitkv = triton_backend._select_verify_splitkv
+        def _select_on_cpu(*args, **kwargs):
+            was, triton_backend._is_cuda = triton_backend._is_cuda, True
+            try:
+                return _select_verify_splitkv(*args, **kwargs)
+            finally:
+                triton_backend._is_cuda = was
 
-    def _select_on_cpu(*args, **kwargs):
-        was, triton_backend._is_cuda = triton_backend._is_cuda, True
-        try:
-            return _select_verify_splitkv(*args, **kwargs)
-        finally:
-            triton_backend._is_cuda = was
+        triton_backend._select_verify_splitkv = _select_on_cpu
 
-    triton_backend._select_verify_splitkv = _select_on_cpu
+    after_import("sglang.srt.layers.attention.triton_backend", _select_chain_verify_on_cpu)
 
 if os.environ.get("SGLANG_TEST_ONE_NODE_TAIL_LOG"):
     # Record each round the one-node greedy verify tail (step one-node-greedy-verify-tail) answered,
     # so an engine test can tell it ran.
-    from sglang.srt.speculative import one_node_greedy_verify
+    def _log_tail_rounds(one_node_greedy_verify):
+        _tail_call = one_node_greedy_verify.OneNodeGreedyVerifyTail.__call__
 
-    _tail_call = one_node_greedy_verify.OneNodeGreedyVerifyTail.__call__
+        def _logged_tail_call(self, batch, *args, **kwargs):
+            result = _tail_call(self, batch, *args, **kwargs)
+            if result is not None:
+                with open(os.environ["SGLANG_TEST_ONE_NODE_TAIL_LOG"], "a") as f:
+                    f.write(f"{len(batch.seq_lens)}\n")
+            return result
 
-    def _logged_tail_call(self, batch, *args, **kwargs):
-        result = _tail_call(self, batch, *args, **kwargs)
-        if result is not None:
-            with open(os.environ["SGLANG_TEST_ONE_NODE_TAIL_LOG"], "a") as f:
-                f.write(f"{len(batch.seq_lens)}\n")
-        return result
+        one_node_greedy_verify.OneNodeGreedyVerifyTail.__call__ = _logged_tail_call
 
-    one_node_greedy_verify.OneNodeGreedyVerifyTail.__call__ = _logged_tail_call
+    after_import("sglang.srt.speculative.one_node_greedy_verify", _log_tail_rounds)
