@@ -28,6 +28,10 @@ PREFIX = [3, 38, 40, 41, 90]  # cached tokens per request; WINDOW sits among the
 N = 4  # draft tokens verified per request (steps 3, topk 1)
 WINDOW = 40  # backend.sliding_window_size
 HEADS, KV_HEADS, HEAD_DIM, POOL, MAX_CTX = 4, 2, 32, 1024, 128
+# The decode kernels' grid has a program per (row, head, split) up to this many splits;
+# under the interpreter each one costs alike, empty or not. 4 still splits the longest
+# requests' keys (asserted below).
+SPLITS = 4
 HAS_KV_LOC_PLAN = importlib.util.find_spec("sglang.srt.mem_cache.kv_index_translator") is not None
 
 
@@ -79,7 +83,7 @@ def _check():
         sliding_window_size=WINDOW, token_to_kv_pool=pool, use_sliding_window_kv_pool=False,
         dcp_size=1, page_size=1, device="cpu", _translate_kv_loc=None, enable_deterministic=False,
         use_mla=False, skip_prefill=False, is_draft_runner=False, topk=1, num_draft_tokens=N, num_head=HEADS,
-        max_kv_splits=8, num_kv_head=KV_HEADS, v_head_dim=HEAD_DIM, swa_v_head_dim=None, static_kv_splits=False,
+        max_kv_splits=SPLITS, num_kv_head=KV_HEADS, v_head_dim=HEAD_DIM, swa_v_head_dim=None, static_kv_splits=False,
         device_core_count=132, split_tile_size=None, use_pdl=False, max_context_len=MAX_CTX,
         use_verify_splitkv=False, extend_attention_fwd=extend_attention_fwd,
         decode_attention_fwd=decode_attention_fwd, chain_verify=None,
@@ -138,8 +142,8 @@ def _check():
     be.cuda_graph_kv_indices = torch.zeros(m * MAX_CTX, dtype=torch.int64)
     be.cuda_graph_num_kv_splits = torch.zeros(m, dtype=torch.int32)
     be.cuda_graph_window_num_kv_splits = torch.zeros(m, dtype=torch.int32)
-    be.cuda_graph_attn_logits = torch.zeros(m, HEADS, 8, HEAD_DIM)
-    be.cuda_graph_attn_lse = torch.zeros(m, HEADS, 8)
+    be.cuda_graph_attn_logits = torch.zeros(m, HEADS, SPLITS, HEAD_DIM)
+    be.cuda_graph_attn_lse = torch.zeros(m, HEADS, SPLITS)
     be.cuda_graph_swa_attn_logits = None
     be.chain_verify.init_cuda_graph_state(m)
     # rows reach seq_len + N keys: the index buffer grows to whole req_to_token rows
