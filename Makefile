@@ -24,6 +24,10 @@ FORK := $(PY) tools/fork.py --base $(BASE)
 # Test processes at once: the per-step check's worktrees and the suite's pytest-xdist
 # workers. A test mostly keeps one core busy, so the default is the CI machine's 2 cores.
 JOBS ?= 2
+# One intra-op thread per process: the tests' tiny models gain nothing from more, and
+# with JOBS test processes and their engines' schedulers on as many cores, each torch's
+# OpenMP threads spun against the others' (an engine test used about 30 % more CPU).
+export OMP_NUM_THREADS ?= 1
 
 .PHONY: demo test install check export clean
 
