@@ -8,7 +8,9 @@ max_new_tokens=1 (one prefill pass per batch), radix cache off, after a warm-up;
 modes: off, on (default --kv-sharing-fast-prefill-min-tokens), on-all (min tokens 0:
 the fast path on every pass), on-all-eager (on-all with the back half's CUDA graphs off,
 SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0), ceiling (the front layers alone);
-median of --repeats. Prints RESULT lines and writes raw JSON. Prefill is eager in
+median of --repeats. Prints RESULT and ROW lines, a SHARE line per YOCO mode measured
+beside the ceiling (its share of the ceiling: ceiling time / the mode's time), and
+writes raw JSON. Prefill is eager in
 every mode, unless --serving-graphs: every mode then keeps SGLang's default prefill
 CUDA graph (text-only Gemma4ForCausalLM captures one), as a server would run it. With
 YOCO on, the graph only holds passes below the min-tokens threshold (larger ones take
@@ -102,6 +104,36 @@ def sweep(mode, model_dir, points, repeats, tp, vocab, serving_graphs=False, pro
     return out
 
 
+FAST_MODES = ("on", "on-all", "on-all-eager")
+
+
+def ceiling_table(results, points):
+    """A row per point: each mode's median time, its speed-up over off, and for every
+    YOCO mode measured beside the ceiling its share of the ceiling (ceiling time / the
+    mode's time: 100 % means the back half cost nothing)."""
+    by = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in results if "median_s" in r}
+    table = []
+    for L, n in points:
+        off, ce = by.get(("off", L, n)), by.get(("ceiling", L, n))
+        row = {"len": L, "batch": n, "off_s": off, "on_s": by.get(("on", L, n)), "ceiling_s": ce}
+        for mode in FAST_MODES:
+            t = by.get((mode, L, n))
+            if t is None:
+                continue
+            key = mode.replace("-", "_")
+            row[f"{key}_s"] = t
+            if off:
+                row["speedup" if mode == "on" else f"speedup_{key}"] = off / t
+            if ce:
+                row[f"share_of_ceiling_{key}"] = ce / t
+        if off and ce:
+            row["ceiling_speedup"] = off / ce
+        if "share_of_ceiling_on" in row:
+            row["fraction_of_ceiling"] = row["share_of_ceiling_on"]  # the name older runs used
+        table.append(row)
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -134,25 +166,16 @@ def main():
     for r in outs[1:]:
         same = sum(x == y for x, y in zip(outs[0]["parity_ids"], r["parity_ids"]))
         print(f"PARITY {r['mode']} vs {outs[0]['mode']}: {same}/{len(r['parity_ids'])} identical", flush=True)
-    by = {(r["mode"], r["len"], r["batch"]): r["median_s"] for r in results if "median_s" in r}
-    table = []
-    for L, n in points:
-        off, on, ce = by.get(("off", L, n)), by.get(("on", L, n)), by.get(("ceiling", L, n))
-        on_all = by.get(("on-all", L, n))
-        on_all_eager = by.get(("on-all-eager", L, n))
-        row = {"len": L, "batch": n, "off_s": off, "on_s": on, "ceiling_s": ce}
-        if off and on:
-            row["speedup"] = off / on
-        if off and on_all:
-            row["on_all_s"], row["speedup_on_all"] = on_all, off / on_all
-        if off and on_all_eager:
-            row["on_all_eager_s"], row["speedup_on_all_eager"] = on_all_eager, off / on_all_eager
-        if off and ce:
-            row["ceiling_speedup"] = off / ce
-        if off and on and ce:
-            row["fraction_of_ceiling"] = (off / on) / (off / ce)
-        table.append(row)
+    table = ceiling_table(results, points)
+    for row in table:
         print("ROW", json.dumps(row), flush=True)
+    for row in table:
+        for mode in FAST_MODES:
+            key = mode.replace("-", "_")
+            if f"share_of_ceiling_{key}" in row:
+                print(f"SHARE {mode} {row['len']}x{row['batch']}: {100 * row[f'share_of_ceiling_{key}']:.1f} % "
+                      f"of the ceiling ({1e3 * row['ceiling_s']:.1f} ms against {1e3 * row[f'{key}_s']:.1f} ms)",
+                      flush=True)
     with open(a.out, "w") as f:
         json.dump({"variant": a.variant, "serving_graphs": a.serving_graphs, "results": results, "table": table},
                   f, indent=1)

@@ -50,3 +50,19 @@ def test_unknown_command_is_refused():
     assert rc != 0 and "prefill|forward|serve|parity|checkpoint" in out
     rc, out = bench(YOCO, "--help")
     assert rc == 0 and "prefill" in out and "serve" in out
+
+
+def test_prefill_table_gives_every_yoco_modes_share_of_the_ceiling():
+    """bench.py prefill: the share of the ceiling (ceiling time / the mode's time) for
+    each YOCO mode measured beside the ceiling, with or without "off"."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmark", "yoco_gemma4"))
+    from prefill_bench import ceiling_table
+
+    res = [{"mode": m, "len": 4096, "batch": 1, "median_s": t}
+           for m, t in (("off", 0.070), ("on", 0.035), ("on-all", 0.034), ("ceiling", 0.029))]
+    res += [{"mode": m, "len": 1024, "batch": 8, "median_s": t} for m, t in (("on-all-eager", 0.05), ("ceiling", 0.04))]
+    big, small = ceiling_table(res, [(4096, 1), (1024, 8)])
+    assert big["share_of_ceiling_on"] == big["fraction_of_ceiling"] == 0.029 / 0.035
+    assert big["share_of_ceiling_on_all"] == 0.029 / 0.034 and big["speedup_on_all"] == 0.070 / 0.034
+    assert big["speedup"] == 2.0 and big["ceiling_speedup"] == 0.070 / 0.029
+    assert small["share_of_ceiling_on_all_eager"] == 0.04 / 0.05 and "speedup_on_all_eager" not in small
