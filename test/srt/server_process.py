@@ -32,24 +32,38 @@ SERVER_ARGS = [
 ]
 
 
+_handed_out: set = set()
+
+
 def free_port() -> int:
-    """A free port below the kernel's ephemeral range. A server binds its ports only once
-    its model has loaded; until then a port from that range can go to any connection on
-    the machine (another test's requests): the bind failed with EADDRINUSE in CI. The
-    engine's own pick of its rendezvous port has the same race on 0.5.17 (0.5.23 picks
-    it below the range: `utils/network.py:get_free_port_below_ephemeral`)."""
+    """A free port below the kernel's ephemeral range, never the same twice in a process.
+    A server binds its ports only once its model has loaded; until then a port from the
+    ephemeral range can go to any connection on the machine (another test's requests):
+    the bind failed with EADDRINUSE in CI. The engine's own pick of its rendezvous port
+    has the same race on 0.5.17 (0.5.23 picks it below the range:
+    `utils/network.py:get_free_port_below_ephemeral`). Each test process (pytest-xdist
+    worker, the per-step check's runs) draws from its own block of 100 ports first, so
+    two processes that start servers at once do not pick the same port before either
+    binds it (seen: the soak's rendezvous port taken, EADDRINUSE)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             ephemeral = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral = 32768
-    for port in random.sample(range(20000, min(ephemeral, 32768)), 64):
+    top = min(ephemeral, 32768)
+    blocks = (top - 20000) // 100
+    own = 20000 + (os.getpid() * 7919 % blocks) * 100
+    candidates = [p for p in range(own, own + 100) if p not in _handed_out]
+    random.shuffle(candidates)
+    rest = [p for p in random.sample(range(20000, top), 64) if p not in _handed_out]
+    for port in candidates + rest:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
     raise RuntimeError("no free port below the ephemeral range")
 
 
