@@ -138,6 +138,7 @@ def test_start_up_sets_the_cap_and_logs_it(cap_mod, monkeypatch, caplog):
         max_running_requests=None,
         cuda_graph_config=types.SimpleNamespace(decode=types.SimpleNamespace(max_bs=256)),
     )
+    sa.override = lambda src, **kw: vars(sa).update(kw)  # server_args is read-only
     kvc = types.SimpleNamespace(
         is_draft_worker=False,
         spec_algorithm=types.SimpleNamespace(is_frozen_kv_mtp=lambda: True),

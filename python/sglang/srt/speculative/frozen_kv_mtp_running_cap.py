@@ -256,5 +256,5 @@ def resolve_running_cap(kvc, available_bytes: int) -> None:
         decision.reason,
     )
     # The SWA-cap configurator reads server_args; the request pool reads the schedule.
-    kvc.server_args.max_running_requests = cap
+    kvc.server_args.override("frozen_kv_mtp_running_cap", max_running_requests=cap)
     get_context().override("frozen_kv_mtp_running_cap", max_running_requests=cap)
