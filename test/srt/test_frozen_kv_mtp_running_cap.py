@@ -155,3 +155,41 @@ def test_start_up_sets_the_cap_and_logs_it(cap_mod, monkeypatch, caplog):
         cap_mod.resolve_running_cap(kvc, H200_BUDGET)
     kvc.is_draft_worker = True  # the draft shares the target's pools
     cap_mod.resolve_running_cap(kvc, H200_BUDGET)
+
+
+def test_engine_shape_is_stock_configurators(cap_mod, monkeypatch):
+    """The glue reads stock's HybridSWAPoolConfigurator and decode allocation; on the
+    31B config at page 64 it gives the shape the sizing tests use."""
+    import torch
+
+    import sglang.srt.model_executor.pool_configurator as pc
+
+    monkeypatch.setattr(pc, "get_parallel", lambda: types.SimpleNamespace(attn_tp_size=1))
+    with open(os.path.join(CONFIGS, "gemma-4-31B-it.text_config.json")) as f:
+        cfg = json.load(f)["text_config"]
+    types_ = cfg["layer_types"]
+    model_config = types.SimpleNamespace(
+        full_attention_layer_ids=[i for i, t in enumerate(types_) if t == "full_attention"],
+        swa_attention_layer_ids=[i for i, t in enumerate(types_) if t == "sliding_attention"],
+        get_num_kv_heads=lambda tp: cfg["num_global_key_value_heads"] // tp,
+        get_swa_num_kv_heads=lambda tp: cfg["num_key_value_heads"] // tp,
+        head_dim=cfg["global_head_dim"], v_head_dim=cfg["global_head_dim"],
+        swa_head_dim=cfg["head_dim"], swa_v_head_dim=cfg["head_dim"],
+    )
+    sa = types.SimpleNamespace(
+        speculative_algorithm="FROZEN_KV_MTP", speculative_num_steps=3,
+        speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+        max_speculative_num_draft_tokens=4, page_size=64,
+        disable_overlap_schedule=False, disable_radix_cache=True,
+        chunked_prefill_size=CHUNK, disaggregation_mode="null",
+        swa_full_tokens_ratio=0.8,
+    )
+    kvc = types.SimpleNamespace(
+        is_hybrid_swa=True, sliding_window_size=cfg["sliding_window"], page_size=64,
+        model_config=model_config, server_args=sa, kv_cache_dtype=torch.bfloat16,
+        kv_cache_dtype_str="auto", is_draft_worker=False,
+        spec_algorithm=types.SimpleNamespace(is_eagle=lambda: False, is_standalone=lambda: False),
+    )
+    assert cap_mod._shape_from_configurator(kvc) == _shape(cap_mod, "31B", 64)
+    sa.disable_radix_cache = False
+    assert cap_mod._shape_from_configurator(kvc) == _shape(cap_mod, "31B", 64, swa_from_cap=False)
