@@ -182,7 +182,7 @@ def test_engine_shape_is_stock_configurators(cap_mod, monkeypatch):
         max_speculative_num_draft_tokens=4, page_size=64,
         disable_overlap_schedule=False, disable_radix_cache=True,
         chunked_prefill_size=CHUNK, disaggregation_mode="null",
-        swa_full_tokens_ratio=0.8,
+        swa_full_tokens_ratio=0.8, max_total_tokens=None,
     )
     kvc = types.SimpleNamespace(
         is_hybrid_swa=True, sliding_window_size=cfg["sliding_window"], page_size=64,
@@ -193,3 +193,19 @@ def test_engine_shape_is_stock_configurators(cap_mod, monkeypatch):
     assert cap_mod._shape_from_configurator(kvc) == _shape(cap_mod, "31B", 64)
     sa.disable_radix_cache = False
     assert cap_mod._shape_from_configurator(kvc) == _shape(cap_mod, "31B", 64, swa_from_cap=False)
+
+
+def test_max_total_tokens_bounds_the_cap(cap_mod):
+    """--max-total-tokens clips the full pool (and the SWA pool with it), as stock's
+    calculate_pool_sizes_from_max_tokens does: fewer requests fit."""
+    import dataclasses
+
+    for swa_from_cap in (True, False):
+        shape = _shape(cap_mod, "E4B", 64, swa_from_cap=swa_from_cap, chunk=8192)
+        free = cap_mod.largest_cap(shape, H200_BUDGET)
+        clipped = dataclasses.replace(shape, max_total_tokens=64_000)
+        n = cap_mod.largest_cap(clipped, H200_BUDGET)
+        assert 0 < n < free
+        full, swa = cap_mod.pool_tokens(clipped, H200_BUDGET, n)
+        assert full <= 64_000 and swa <= 64_000
+        assert min(full, swa) >= n * shape.swa_tokens_per_request

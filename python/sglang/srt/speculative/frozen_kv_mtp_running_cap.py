@@ -50,6 +50,7 @@ class PoolShape:
     # (PD decode: the transfer slots' windows).
     fixed_swa_tokens: int = 0
     swa_full_tokens_ratio: float = 0.8
+    max_total_tokens: Optional[int] = None  # --max-total-tokens: the full pool's ceiling
 
     @property
     def swa_tokens_per_request(self) -> int:
@@ -65,13 +66,20 @@ class PoolShape:
 def pool_tokens(shape: PoolShape, budget_bytes: int, num_reqs: int) -> tuple[int, int]:
     """(full, swa) pool tokens stock's configurator gives ``num_reqs`` requests."""
     p = shape.page_size
+    limit = shape.max_total_tokens
     if shape.swa_from_cap:
         swa = _ceil_align(num_reqs * shape.swa_tokens_per_request + shape.fixed_swa_tokens, p)
         rest = budget_bytes - swa * shape.swa_bytes_per_token
         full = int(rest // shape.full_bytes_per_token) // p * p if rest > 0 else 0
+        if limit is not None and 0 < limit < full:
+            # calculate_pool_sizes_from_max_tokens: the SWA pool keeps its cap, clipped.
+            return limit // p * p, min(swa, limit)
         return max(full, 0), swa
     cell = shape.full_bytes_per_token + shape.swa_full_tokens_ratio * shape.swa_bytes_per_token
-    full = int(budget_bytes // cell) // p * p
+    full = int(budget_bytes // cell)
+    if limit is not None:
+        full = min(full, limit)
+    full = full // p * p
     swa = int(full * shape.swa_full_tokens_ratio) // p * p
     return full, swa
 
@@ -229,6 +237,7 @@ def _shape_from_configurator(kvc) -> Optional[PoolShape]:
         swa_from_cap=swa_from_cap,
         fixed_swa_tokens=fixed,
         swa_full_tokens_ratio=sa.swa_full_tokens_ratio,
+        max_total_tokens=sa.max_total_tokens,
     )
 
 
