@@ -96,6 +96,75 @@ def test_batch_fields_name_the_item():
              input_ids=[[5], [6]], return_logprob=True, top_logprobs_num=[1, 600])
 
 
+def _server_limits():
+    """The limits a server started with the default arguments applies."""
+    from sglang.srt.managers.request_validation import RequestLimits
+    from sglang.srt.server_args import ServerArgs
+
+    return RequestLimits.of(ServerArgs(model_path="dummy"))
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(sampling_params={"n": 100000, "max_new_tokens": 1}),
+         r"sampling_params.n is 100000; a request may ask for at most 128 parallel samples "
+         r"\(the server argument --max-parallel-samples raises it\)"),
+        (dict(input_ids=[[5]] * 2, sampling_params=[{"n": 129}, {"n": 1}]),
+         r"sampling_params\[0\].n is 129; .* --max-parallel-samples"),
+        (dict(input_ids=[[5]] * 40, sampling_params={"n": 128}),
+         r"The request asks for 5120 sequences \(40 prompts x n=128\); a request may ask for "
+         r"at most 4096 \(the server argument --max-sequences-per-request raises it\)"),
+        (dict(input_ids=[[5]] * 4097),
+         r"The request asks for 4097 sequences \(4097 prompts x n=1\)"),
+        (dict(return_logprob=True, top_logprobs_num=21),
+         r"top_logprobs_num is 21; a request may ask for at most 20 top logprobs per token "
+         r"\(the server argument --max-top-logprobs-num raises it\)"),
+        (dict(input_ids=[[5], [6]], return_logprob=True, top_logprobs_num=[1, 500]),
+         r"top_logprobs_num\[1\] is 500; .* --max-top-logprobs-num"),
+        (dict(return_logprob=True, token_ids_logprob=[5] * (VOCAB + 1)),
+         r"token_ids_logprob has 513 token ids, more than the vocabulary's 512"),
+    ],
+)
+@pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves", fails_before=True)
+def test_what_one_request_reserves_is_bounded(kw, match):
+    """A request with n = 100000 kept every other client of a CPU server waiting
+    for minutes; the default bounds answer it 400 naming the server argument."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.request_validation import (
+        RequestValidationError,
+        validate_generate_request,
+    )
+
+    kw.setdefault("input_ids", [5, 6])
+    with pytest.raises(RequestValidationError, match=match):
+        validate_generate_request(GenerateReqInput(**kw), VOCAB, limits=_server_limits())
+
+
+@pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves")
+def test_requests_within_the_bounds_pass():
+    from dataclasses import replace
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.request_validation import validate_generate_request
+
+    limits = _server_limits()
+    for kw in (
+        dict(input_ids=[5], sampling_params={"n": 128}),
+        dict(input_ids=[[5]] * 32, sampling_params={"n": 128}),
+        dict(input_ids=[[5]] * 4096),
+        dict(input_ids=[5], return_logprob=True, top_logprobs_num=20,
+             token_ids_logprob=list(range(VOCAB))),
+    ):
+        validate_generate_request(GenerateReqInput(**kw), VOCAB, limits=limits)
+    # each bound is the server argument's value
+    raised = replace(limits, max_parallel_samples=1000, max_sequences_per_request=10**6,
+                     max_top_logprobs_num=VOCAB)
+    validate_generate_request(
+        GenerateReqInput(input_ids=[5], sampling_params={"n": 1000}, return_logprob=True,
+                         top_logprobs_num=VOCAB), VOCAB, limits=raised)
+
+
 @pytest.mark.stack("generic-fixes", step="scheduler-aborts-out-of-vocab-request", fails_before=True)
 def test_scheduler_check():
     from types import SimpleNamespace as NS
