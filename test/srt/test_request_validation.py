@@ -143,6 +143,28 @@ def test_what_one_request_reserves_is_bounded(kw, match):
         validate_generate_request(GenerateReqInput(**kw), VOCAB, limits=_server_limits())
 
 
+@pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves", fails_before=True)
+def test_embedding_batches_are_bounded_too():
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+    from sglang.srt.managers.request_validation import (
+        RequestValidationError,
+        validate_generate_request,
+    )
+
+    limits = _server_limits()
+    with pytest.raises(RequestValidationError, match=r"asks for 4097 sequences"):
+        validate_generate_request(EmbeddingReqInput(input_ids=[[5]] * 4097), VOCAB,
+                                  limits=limits)
+    validate_generate_request(EmbeddingReqInput(input_ids=[[5]] * 4096), VOCAB, limits=limits)
+    # a malformed n is answered by its own check, whatever the batch
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    with pytest.raises(RequestValidationError, match=r"sampling_params.n must be an integer"):
+        validate_generate_request(GenerateReqInput(input_ids=[[5]] * 3,
+                                                   sampling_params={"n": "x"}), VOCAB,
+                                  limits=limits)
+
+
 @pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves")
 def test_requests_within_the_bounds_pass():
     from dataclasses import replace

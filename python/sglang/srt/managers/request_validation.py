@@ -261,12 +261,13 @@ def _check_sequences(obj: Any, is_batch: bool, limits: RequestLimits) -> None:
     bound = limits.max_sequences_per_request
     if bound is None:
         return
-    sampling_params = obj.sampling_params
+    sampling_params = getattr(obj, "sampling_params", None)
     # normalize_batch_and_arguments takes every item's n from the first item
     if isinstance(sampling_params, list):
         sampling_params = sampling_params[0] if sampling_params else None
     n = sampling_params.get("n") if isinstance(sampling_params, dict) else None
-    n = n or 1
+    if not _is_int(n) or n < 1:  # its own check answers a bad n
+        n = 1
     items = _num_items(obj, is_batch)
     if items * n > bound:
         _fail(
@@ -324,6 +325,7 @@ def validate_generate_request(
         )
 
     if not hasattr(obj, "top_logprobs_num"):  # EmbeddingReqInput
+        _check_sequences(obj, is_batch, limits)
         return
 
     if sampling_params_class is None:
