@@ -295,10 +295,10 @@ HEALTHY_WITHIN = 10.0
 
 def test_fuzz_http_api(server, record_property):
     """A seeded fuzz of /generate, /v1/completions and /v1/chat/completions: valid and
-    invalid bodies (http_fuzz.py). No answer is a 5xx; /v1/loads answers within
-    HEALTHY_WITHIN after each request (0.5.17 asks the scheduler, 0.5.23 reads its
-    published snapshot), and /health (a generation through the scheduler, at least 1 s
-    each) within HEALTHY_WITHIN throughout, polled from a thread; the server is idle at the end, and a greedy
+    invalid bodies (http_fuzz.py). No answer is a 5xx; /v1/loads (the HTTP server,
+    reading the scheduler's published load) answers within HEALTHY_WITHIN after each
+    request, and /health (a generation through the scheduler, at least 1 s each) within
+    HEALTHY_WITHIN throughout, polled from a thread; the server is idle at the end, and a greedy
     request gives the same tokens after the fuzz as before it. Bounded: FUZZ_EXAMPLES
     requests, and none drawn after FUZZ_SECONDS is sent."""
     import threading
