@@ -11,11 +11,17 @@ import pytest
 pytestmark = pytest.mark.stack("generic-fixes")
 
 
-def _completion_serving():
-    from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+def _completion_serving(monkeypatch):
+    from sglang.srt.entrypoints.openai import serving_completions
 
-    tokenizer_manager = NS(tokenizer=None, server_args=NS(enable_cache_report=False))
-    return OpenAIServingCompletion(tokenizer_manager, NS(completion_template_name=None))
+    # 0.5.17 reads the server's settings from the tokenizer manager, 0.5.23 from the
+    # published "serving" namespace
+    serving_args = NS(enable_cache_report=False)
+    monkeypatch.setattr(serving_completions, "get_serving", lambda: serving_args,
+                        raising=False)
+    tokenizer_manager = NS(tokenizer=None, server_args=serving_args)
+    return serving_completions.OpenAIServingCompletion(
+        tokenizer_manager, NS(completion_template_name=None))
 
 
 def _ret(output_ids):
@@ -28,11 +34,11 @@ def _ret(output_ids):
 
 @pytest.mark.stack("generic-fixes", step="openai-completions-token-ids-without-tokenizer",
                    fails_before=True)
-def test_completions_serve_token_ids_or_say_why():
+def test_completions_serve_token_ids_or_say_why(monkeypatch):
     """Stock answered every token-id /v1/completions request 500 "'text'"."""
     from sglang.srt.entrypoints.openai.protocol import CompletionRequest
 
-    serving = _completion_serving()
+    serving = _completion_serving(monkeypatch)
     plain = CompletionRequest(model="m", prompt=[5, 6, 7], max_tokens=2)
     msg = serving._validate_request(plain)
     assert msg is not None and "needs the tokenizer" in msg and "return_token_ids" in msg
