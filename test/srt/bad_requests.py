@@ -95,15 +95,56 @@ BAD_REQUESTS = [
      {"model": "m", "prompt": [5, 6, 7], "max_tokens": 2, "echo": True, "logprobs": 1},
      "echo with a prompt of token ids needs the tokenizer"),
     ("completions_input_id_above_vocab", C,
-     {"model": "m", "prompt": [5, 100000], "max_tokens": 2}, "outside the vocabulary"),
+     {"model": "m", "prompt": [5, 100000], "max_tokens": 2, "return_token_ids": True},
+     "outside the vocabulary"),
     ("completions_logprobs_without_tokenizer", C,
      {"model": "m", "prompt": [5, 6], "max_tokens": 2, "logprobs": 1},
      "logprobs return each token's text, which needs the tokenizer"),
     ("sampling_params_unknown_key", G, gen(sp={"bogus": 1}),
      "sampling_params has unknown keys ['bogus']"),
+    # What one request may reserve (server arguments --max-parallel-samples,
+    # --max-sequences-per-request, --max-top-logprobs-num at their defaults)
+    ("n_above_bound", G, gen(sp={"n": 100000, "max_new_tokens": 1}),
+     "sampling_params.n is 100000; a request may ask for at most 128 parallel samples "
+     "(the server argument --max-parallel-samples raises it)"),
+    ("sequences_above_bound", G, gen([[5]] * 40, sp={"n": 128}),
+     "The request asks for 5120 sequences (40 prompts x n=128); a request may ask for at "
+     "most 4096 (the server argument --max-sequences-per-request raises it)"),
+    ("top_logprobs_num_above_bound", G, gen(return_logprob=True, top_logprobs_num=21),
+     "top_logprobs_num is 21; a request may ask for at most 20 top logprobs per token "
+     "(the server argument --max-top-logprobs-num raises it)"),
+    ("token_ids_logprob_longer_than_vocab", G,
+     gen(return_logprob=True, token_ids_logprob=[5] * (VOCAB + 1)),
+     "token_ids_logprob has 513 token ids, more than the vocabulary's 512"),
+    ("completions_n_above_bound", C,
+     {"model": "m", "prompt": [5, 6], "max_tokens": 1, "n": 129, "return_token_ids": True},
+     "sampling_params.n is 129"),
+    ("completions_logprobs_above_bound", C,
+     {"model": "m", "prompt": [5, 6], "max_tokens": 1, "logprobs": 21,
+      "return_token_ids": True},
+     "logprobs return each token's text, which needs the tokenizer"),
+    # Without a tokenizer (--skip-tokenizer-init)
+    ("completions_token_ids_without_tokenizer", C,
+     {"model": "m", "prompt": [5, 6, 7], "max_tokens": 2},
+     "/v1/completions returns text, which needs the tokenizer"),
+] + [
+    (f"{path}_without_tokenizer", path, body, f"{path} needs the tokenizer")
+    for path, body in [
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/tokenize", {"model": "m", "prompt": "hi"}),
+        ("/v1/rerank", {"query": "a", "documents": ["b"]}),
+        ("/v1/responses", {"model": "m", "input": "hi"}),
+        ("/v1/messages", {"model": "m", "max_tokens": 2,
+                          "messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/messages/count_tokens", {"model": "m",
+                                       "messages": [{"role": "user", "content": "hi"}]}),
+        ("/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        ("/api/generate", {"model": "m", "prompt": "hi"}),
+    ]
 ]
 
-# The ones that took stock's whole server down.
+# The ones that took stock's whole server down. (n_above_bound did not: it kept every
+# other client waiting for minutes.)
 STOCK_CRASHES = {
     "input_id_far_above_vocab",
     "input_id_at_vocab_size",

@@ -278,6 +278,25 @@ def test_negative_min_tokens_rejected(model):
         server_args(model("E4B"), kv_sharing_fast_prefill_min_tokens=-1)
 
 
+@pytest.mark.stack("yoco-flag", step="min-tokens-without-flag-warns", fails_before=True)
+def test_min_tokens_without_the_flag_warns(model, caplog):
+    """Accepted silently, --kv-sharing-fast-prefill-min-tokens alone read as if YOCO
+    were tuned while it was off."""
+    argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "torch_native"]
+    with caplog.at_level(logging.WARNING, logger=HOOK_LOGGER):
+        args = server_args_from_cli(argv + ["--kv-sharing-fast-prefill-min-tokens", "100"])
+    assert resolved(args, "kv_sharing_fast_prefill") is False
+    warnings = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    assert len(warnings) == 1, warnings
+    assert ("--kv-sharing-fast-prefill-min-tokens 100 has no effect" in warnings[0]
+            and f"off without {FLAG}" in warnings[0]), warnings
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=HOOK_LOGGER):
+        server_args_from_cli(argv)
+        server_args_from_cli(argv + [FLAG, "--kv-sharing-fast-prefill-min-tokens", "100"])
+    assert not [r for r in caplog.records if "has no effect" in r.getMessage()]
+
+
 CLI_VS_KWARGS = {
     "E4B accepted": ({}, []),
     "26B-A4B rejected": ({"model": "26B-A4B"}, []),

@@ -1,10 +1,12 @@
-"""Request validation (request_validation.py, patches 0031-0034).
+"""Request validation (request_validation.py, stack 02's validation steps).
 
 Unit tests of the module, then a real `python -m sglang.launch_server` of the
 tiny Gemma-4 (YOCO on, --skip-tokenizer-init): each bad request of
-bad_requests.py gets a 400 naming its cause, and the server keeps serving.
+bad_requests.py gets a 400 naming its cause, and the server keeps serving; then a
+seeded fuzz of its HTTP API (http_fuzz.py) against the same server.
 """
 
+import time
 from array import array
 
 import pytest
@@ -96,6 +98,97 @@ def test_batch_fields_name_the_item():
              input_ids=[[5], [6]], return_logprob=True, top_logprobs_num=[1, 600])
 
 
+def _server_limits():
+    """The limits a server started with the default arguments applies."""
+    from sglang.srt.managers.request_validation import RequestLimits
+    from sglang.srt.server_args import ServerArgs
+
+    return RequestLimits.of(ServerArgs(model_path="dummy"))
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(sampling_params={"n": 100000, "max_new_tokens": 1}),
+         r"sampling_params.n is 100000; a request may ask for at most 128 parallel samples "
+         r"\(the server argument --max-parallel-samples raises it\)"),
+        (dict(input_ids=[[5]] * 2, sampling_params=[{"n": 129}, {"n": 1}]),
+         r"sampling_params\[0\].n is 129; .* --max-parallel-samples"),
+        (dict(input_ids=[[5]] * 40, sampling_params={"n": 128}),
+         r"The request asks for 5120 sequences \(40 prompts x n=128\); a request may ask for "
+         r"at most 4096 \(the server argument --max-sequences-per-request raises it\)"),
+        (dict(input_ids=[[5]] * 4097),
+         r"The request asks for 4097 sequences \(4097 prompts x n=1\)"),
+        (dict(return_logprob=True, top_logprobs_num=21),
+         r"top_logprobs_num is 21; a request may ask for at most 20 top logprobs per token "
+         r"\(the server argument --max-top-logprobs-num raises it\)"),
+        (dict(input_ids=[[5], [6]], return_logprob=True, top_logprobs_num=[1, 500]),
+         r"top_logprobs_num\[1\] is 500; .* --max-top-logprobs-num"),
+        (dict(return_logprob=True, token_ids_logprob=[5] * (VOCAB + 1)),
+         r"token_ids_logprob has 513 token ids, more than the vocabulary's 512"),
+    ],
+)
+@pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves", fails_before=True)
+def test_what_one_request_reserves_is_bounded(kw, match):
+    """A request with n = 100000 kept every other client of a CPU server waiting
+    for minutes; the default bounds answer it 400 naming the server argument."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.request_validation import (
+        RequestValidationError,
+        validate_generate_request,
+    )
+
+    kw.setdefault("input_ids", [5, 6])
+    with pytest.raises(RequestValidationError, match=match):
+        validate_generate_request(GenerateReqInput(**kw), VOCAB, limits=_server_limits())
+
+
+@pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves", fails_before=True)
+def test_embedding_batches_are_bounded_too():
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+    from sglang.srt.managers.request_validation import (
+        RequestValidationError,
+        validate_generate_request,
+    )
+
+    limits = _server_limits()
+    with pytest.raises(RequestValidationError, match=r"asks for 4097 sequences"):
+        validate_generate_request(EmbeddingReqInput(input_ids=[[5]] * 4097), VOCAB,
+                                  limits=limits)
+    validate_generate_request(EmbeddingReqInput(input_ids=[[5]] * 4096), VOCAB, limits=limits)
+    # a malformed n is answered by its own check, whatever the batch
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    with pytest.raises(RequestValidationError, match=r"sampling_params.n must be an integer"):
+        validate_generate_request(GenerateReqInput(input_ids=[[5]] * 3,
+                                                   sampling_params={"n": "x"}), VOCAB,
+                                  limits=limits)
+
+
+@pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves")
+def test_requests_within_the_bounds_pass():
+    from dataclasses import replace
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.request_validation import validate_generate_request
+
+    limits = _server_limits()
+    for kw in (
+        dict(input_ids=[5], sampling_params={"n": 128}),
+        dict(input_ids=[[5]] * 32, sampling_params={"n": 128}),
+        dict(input_ids=[[5]] * 4096),
+        dict(input_ids=[5], return_logprob=True, top_logprobs_num=20,
+             token_ids_logprob=list(range(VOCAB))),
+    ):
+        validate_generate_request(GenerateReqInput(**kw), VOCAB, limits=limits)
+    # each bound is the server argument's value
+    raised = replace(limits, max_parallel_samples=1000, max_sequences_per_request=10**6,
+                     max_top_logprobs_num=VOCAB)
+    validate_generate_request(
+        GenerateReqInput(input_ids=[5], sampling_params={"n": 1000}, return_logprob=True,
+                         top_logprobs_num=VOCAB), VOCAB, limits=raised)
+
+
 @pytest.mark.stack("generic-fixes", step="scheduler-aborts-out-of-vocab-request", fails_before=True)
 def test_scheduler_check():
     from types import SimpleNamespace as NS
@@ -118,10 +211,19 @@ def test_scheduler_check():
         req([1], return_logprob=True, top_logprobs_num=600), VOCAB)
 
 
+def _yoco_args():
+    """YOCO on (every prefill pass) where the tree has the flag: the suite runs the
+    whole series; stack 02's own check, before the flag exists, serves without it."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang.srt.arg_groups.kv_sharing_fast_prefill_hook"):
+        return ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"]
+    return []
+
+
 @pytest.fixture(scope="module")
 def server(model_dir):
-    # Validation is independent of YOCO (the soak test serves with it on).
-    s = ServerProcess(model_dir, [], name="validation")
+    s = ServerProcess(model_dir, _yoco_args(), name="validation")
     try:
         yield s.wait_ready()
     finally:
@@ -143,7 +245,8 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server):
         if r.status_code != 400 or not any(
                 m in msg for m in accepted_messages(path, body, expect)):
             failures.append((name, r.status_code, msg[:300]))
-        if not server.alive() or not _serves(server):
+        # a served generation shows the scheduler alive (/health waits 1 s each)
+        if server.proc.poll() is not None or not _serves(server):
             pytest.fail(f"the server stopped serving after {name}:\n{server.log_tail()}")
     assert not failures, failures
     assert STOCK_CRASHES <= {name for name, *_ in BAD_REQUESTS}
@@ -161,3 +264,124 @@ def test_streamed_bad_request_gets_400(server):
     r = server.post("/generate", body, timeout=60)
     assert r.status_code == 400 and "stream_interval must be at least 1" in error_message(r)
     assert _serves(server)
+
+
+def test_completions_serve_token_ids_without_a_tokenizer(server):
+    """Stock answered this 500 "'text'" after generating."""
+    body = {"model": "m", "prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0,
+            "return_token_ids": True}
+    r = server.post("/v1/completions", body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert [(c["text"], len(c["token_ids"])) for c in r.json()["choices"]] == [("", 2)]
+    r = server.post("/v1/completions", {**body, "stream": True}, timeout=60)
+    assert r.status_code == 200 and "data: [DONE]" in r.text, r.text
+
+
+# Falsifying examples the fuzz found (each a 5xx before stack 02's tokenizer steps),
+# kept as regression cases: (path, JSON body, raw body).
+FUZZ_REGRESSIONS = [
+    ("/v1/completions", {"model": "m", "prompt": [[0], [184]], "max_tokens": 2,
+                         "return_token_ids": True}, None),  # 500 'text'
+    ("/v1/completions", {"model": "m", "prompt": [5], "max_tokens": 2}, None),  # 500 'text'
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": ""}]},
+     None),  # 500: no tokenizer to apply the chat template
+]
+
+FUZZ_EXAMPLES = 300
+FUZZ_SECONDS = 60.0
+# /health generates a token and waits at least 1 s; both cores are shared in CI
+HEALTHY_WITHIN = 10.0
+
+
+def test_fuzz_http_api(server, record_property):
+    """A seeded fuzz of /generate, /v1/completions and /v1/chat/completions: valid and
+    invalid bodies (http_fuzz.py). No answer is a 5xx; /v1/loads (the HTTP server,
+    reading the scheduler's published load) answers within HEALTHY_WITHIN after each
+    request, and /health (a generation through the scheduler, at least 1 s each) within
+    HEALTHY_WITHIN throughout, polled from a thread; the server is idle at the end, and a greedy
+    request gives the same tokens after the fuzz as before it. Bounded: FUZZ_EXAMPLES
+    requests, and none drawn after FUZZ_SECONDS is sent."""
+    import threading
+
+    import requests
+    from hypothesis import HealthCheck, Phase, example, given, settings
+
+    from http_fuzz import Counts, http_request
+
+    probe = {"input_ids": [11, 12, 13, 14], "sampling_params": {"max_new_tokens": 4,
+                                                                "temperature": 0}}
+    before = server.post("/generate", probe, timeout=60)
+    assert before.status_code == 200, before.text
+    counts, failures, health = Counts(), [], []
+    stop = threading.Event()
+
+    def poll_health():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                ok = requests.get(server.url + "/health", timeout=HEALTHY_WITHIN).status_code == 200
+            except requests.RequestException:
+                ok = False
+            health.append((ok, time.monotonic() - t0))
+
+    def loads():
+        r = requests.get(server.url + "/v1/loads", timeout=HEALTHY_WITHIN)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        return body.get("loads", body) if isinstance(body, dict) else body
+
+    end = time.monotonic() + FUZZ_SECONDS
+
+    def send(case):
+        path, body, raw = case
+        if time.monotonic() > end:
+            counts.not_sent += 1
+            return
+        if raw is not None:
+            r = requests.post(server.url + path, data=raw, timeout=120,
+                              headers={"Content-Type": "application/json"})
+        else:
+            r = server.post(path, body, timeout=120)
+        counts.add(path, r.status_code, error_message(r) if r.status_code >= 400 else "")
+        if r.status_code >= 500:
+            failures.append((path, body if raw is None else raw, r.status_code, r.text[:300]))
+        try:
+            loads()
+        except (requests.RequestException, AssertionError) as e:
+            pytest.fail(f"/v1/loads did not answer within {HEALTHY_WITHIN:.0f} s after {path} {body or raw!r}: "
+                        f"{e}\n{server.log_tail()}")
+        assert server.proc.poll() is None, server.log_tail()
+
+    run = given(case=http_request)(send)
+    for case in FUZZ_REGRESSIONS:
+        run = example(case=case)(run)
+    run = settings(max_examples=FUZZ_EXAMPLES, derandomize=True, deadline=None,
+                   database=None, phases=(Phase.explicit, Phase.generate), print_blob=False,
+                   suppress_health_check=list(HealthCheck))(run)
+    poller = threading.Thread(target=poll_health, daemon=True)
+    poller.start()
+    try:
+        run()
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+
+    summary = counts.summary() + (
+        f"\n/health: {sum(ok for ok, _ in health)} of {len(health)} answered 200, "
+        f"slowest {max((t for _, t in health), default=0):.1f} s")
+    print(summary)
+    record_property("summary", summary)
+    assert not failures, failures
+    assert health and all(ok for ok, _ in health), health
+    # nothing left running or waiting once the answers are in (the last health
+    # check's one token may still be on its way)
+    for _ in range(10):
+        busy = [(d["num_running_reqs"], d["num_waiting_reqs"]) for d in loads()
+                if d["num_running_reqs"] or d["num_waiting_reqs"]]
+        if not busy:
+            break
+        time.sleep(1)
+    assert not busy, busy
+    after = server.post("/generate", probe, timeout=60)
+    assert after.status_code == 200, after.text
+    assert after.json()["output_ids"] == before.json()["output_ids"]

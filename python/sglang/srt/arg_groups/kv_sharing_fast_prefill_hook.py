@@ -301,10 +301,21 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     """Validate --kv-sharing-fast-prefill and resolve its min-tokens; may cap or
     turn off the prefill graph."""
     view = settings.view(server_args)
+    min_tokens = view.kv_sharing_fast_prefill_min_tokens
     if not view.kv_sharing_fast_prefill:
+        if min_tokens is not None:
+            # Said once at start-up: accepted silently, the setting reads as if
+            # the fast prefill were on. Not refused, so that an A/B run can
+            # toggle the flag alone.
+            logger.warning(
+                "--kv-sharing-fast-prefill-min-tokens %d has no effect: KV-sharing "
+                "fast prefill (YOCO) is off without %s, and the setting only says "
+                "from how many new tokens a prefill pass takes the fast path.",
+                min_tokens,
+                FLAG,
+            )
         return
 
-    min_tokens = view.kv_sharing_fast_prefill_min_tokens
     if min_tokens is not None and min_tokens < 0:
         raise ValueError(
             "--kv-sharing-fast-prefill-min-tokens must be >= 0 (got "

@@ -24,6 +24,12 @@ for requests that reach it by another way (``check_tokenized_request``).
 
 The checks look at what the client sent, before ``normalize_batch_and_arguments``
 expands batches and ``n``, so a batch's messages carry the item's index.
+
+A request also may not reserve more than the server allows one request
+(``RequestLimits``, from server arguments): each of its sequences is a request
+of its own to the scheduler and the detokenizer, so a small body with a large
+``n`` (or a top-logprob count near the vocabulary) would keep every other
+client waiting behind it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import math
 import numbers
 from array import array
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence, Tuple
 
 # SamplingParams fields that must be numbers / integers when set (None means
@@ -69,6 +76,28 @@ class RequestValidationError(ValueError):
     """A request the server will not run; the HTTP layer answers it with 400."""
 
     status_code = 400
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may reserve; None leaves a bound off."""
+
+    # sampling_params.n
+    max_parallel_samples: Optional[int] = None
+    # batch items x n: the requests the scheduler gets for one request
+    max_sequences_per_request: Optional[int] = None
+    # top_logprobs_num: entries per position of every token returned
+    max_top_logprobs_num: Optional[int] = None
+
+    @classmethod
+    def of(cls, server_args: Any) -> "RequestLimits":
+        return cls(
+            max_parallel_samples=getattr(server_args, "max_parallel_samples", None),
+            max_sequences_per_request=getattr(
+                server_args, "max_sequences_per_request", None
+            ),
+            max_top_logprobs_num=getattr(server_args, "max_top_logprobs_num", None),
+        )
 
 
 def _is_int(x: Any) -> bool:
@@ -127,7 +156,11 @@ def _items(value: Any, is_batch: bool) -> Iterator[Tuple[str, Any]]:
 
 
 def _check_sampling_params(
-    field: str, params: Any, vocab_size: int, known: Optional[frozenset]
+    field: str,
+    params: Any,
+    vocab_size: int,
+    known: Optional[frozenset],
+    limits: RequestLimits,
 ) -> None:
     if params is None:
         return
@@ -151,6 +184,12 @@ def _check_sampling_params(
     n = params.get("n")
     if n is not None and n < 1:
         _fail(f"{field}.n must be at least 1, got {n}.")
+    bound = limits.max_parallel_samples
+    if n is not None and bound is not None and n > bound:
+        _fail(
+            f"{field}.n is {n}; a request may ask for at most {bound} parallel "
+            f"samples (the server argument --max-parallel-samples raises it)."
+        )
     stream_interval = params.get("stream_interval")
     if stream_interval is not None and stream_interval < 1:
         _fail(f"{field}.stream_interval must be at least 1, got {stream_interval}.")
@@ -208,8 +247,41 @@ def _api_fields(sampling_params_class: Any) -> Optional[frozenset]:
     return frozenset(fields) - _INTERNAL_SAMPLING_FIELDS
 
 
+def _num_items(obj: Any, is_batch: bool) -> int:
+    if not is_batch:
+        return 1
+    for name in ("input_ids", "text", "input_embeds"):
+        value = getattr(obj, name, None)
+        if isinstance(value, list):
+            return len(value)
+    return 1
+
+
+def _check_sequences(obj: Any, is_batch: bool, limits: RequestLimits) -> None:
+    bound = limits.max_sequences_per_request
+    if bound is None:
+        return
+    sampling_params = getattr(obj, "sampling_params", None)
+    # normalize_batch_and_arguments takes every item's n from the first item
+    if isinstance(sampling_params, list):
+        sampling_params = sampling_params[0] if sampling_params else None
+    n = sampling_params.get("n") if isinstance(sampling_params, dict) else None
+    if not _is_int(n) or n < 1:  # its own check answers a bad n
+        n = 1
+    items = _num_items(obj, is_batch)
+    if items * n > bound:
+        _fail(
+            f"The request asks for {items * n} sequences ({items} prompts x n={n}); "
+            f"a request may ask for at most {bound} (the server argument "
+            f"--max-sequences-per-request raises it)."
+        )
+
+
 def validate_generate_request(
-    obj: Any, vocab_size: int, sampling_params_class: Any = None
+    obj: Any,
+    vocab_size: int,
+    sampling_params_class: Any = None,
+    limits: Optional[RequestLimits] = None,
 ) -> None:
     """Check a GenerateReqInput or EmbeddingReqInput as the client sent it.
 
@@ -217,8 +289,10 @@ def validate_generate_request(
     value and the valid range. Call it before normalize_batch_and_arguments.
     `sampling_params_class` (a msgspec Struct, SamplingParams by default) names
     the keys sampling_params may have: an unknown key would fail its
-    constructor with a TypeError, a 500.
+    constructor with a TypeError, a 500. `limits` (the server's, see
+    RequestLimits.of) bounds what the request may reserve.
     """
+    limits = limits or RequestLimits()
     input_ids = getattr(obj, "input_ids", None)
     is_batch = False
     if input_ids is not None and getattr(obj, "input_embeds", None) is None:
@@ -251,6 +325,7 @@ def validate_generate_request(
         )
 
     if not hasattr(obj, "top_logprobs_num"):  # EmbeddingReqInput
+        _check_sequences(obj, is_batch, limits)
         return
 
     if sampling_params_class is None:
@@ -261,9 +336,14 @@ def validate_generate_request(
     sampling_params = obj.sampling_params
     if isinstance(sampling_params, list):
         for i, sp in enumerate(sampling_params):
-            _check_sampling_params(f"sampling_params[{i}]", sp, vocab_size, known)
+            _check_sampling_params(
+                f"sampling_params[{i}]", sp, vocab_size, known, limits
+            )
     else:
-        _check_sampling_params("sampling_params", sampling_params, vocab_size, known)
+        _check_sampling_params(
+            "sampling_params", sampling_params, vocab_size, known, limits
+        )
+    _check_sequences(obj, is_batch, limits)
 
     for suffix, k in _items(obj.top_logprobs_num, is_batch):
         if k is None:
@@ -274,6 +354,13 @@ def validate_generate_request(
             _fail(
                 f"top_logprobs_num{suffix} is {k}; it must be in [0, {vocab_size}] "
                 f"(the vocabulary size)."
+            )
+        bound = limits.max_top_logprobs_num
+        if bound is not None and k > bound:
+            _fail(
+                f"top_logprobs_num{suffix} is {k}; a request may ask for at most "
+                f"{bound} top logprobs per token (the server argument "
+                f"--max-top-logprobs-num raises it)."
             )
     for suffix, start in _items(obj.logprob_start_len, is_batch):
         if start is None:
@@ -292,9 +379,19 @@ def validate_generate_request(
         ):
             for i, ids in enumerate(token_ids_logprob):
                 if ids:
-                    check_token_ids(f"token_ids_logprob[{i}]", ids, vocab_size)
+                    _check_token_ids_logprob(f"token_ids_logprob[{i}]", ids, vocab_size)
         elif isinstance(token_ids_logprob, list):
-            check_token_ids("token_ids_logprob", token_ids_logprob, vocab_size)
+            _check_token_ids_logprob("token_ids_logprob", token_ids_logprob, vocab_size)
+
+
+def _check_token_ids_logprob(field: str, ids: Any, vocab_size: int) -> None:
+    check_token_ids(field, ids, vocab_size)
+    # Each id is returned at every position; asking for one twice adds nothing
+    if len(ids) > vocab_size:
+        _fail(
+            f"{field} has {len(ids)} token ids, more than the vocabulary's "
+            f"{vocab_size}: list each id once."
+        )
 
 
 def check_tokenized_request(recv_req: Any, vocab_size: int) -> Optional[str]:
