@@ -45,6 +45,9 @@ HIDDEN = 64  # tiny_gemma4's hidden_size
 COMMON_ARGS = ["--chunked-prefill-size", str(CHUNK), "--enable-return-hidden-states",
                "--log-level", "info"]
 YOCO_ARGS = ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"]
+# The bad requests for these servers: hidden states are enabled here, so a request for
+# them is a good one (the soak sends such requests on purpose).
+SOAK_BAD_REQUESTS = [b for b in BAD_REQUESTS if b[0] != "hidden_states_not_enabled"]
 STRICT_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 
 
@@ -65,7 +68,7 @@ def _plan(seed=0):
         sp = {"max_new_tokens": rng.randint(1, 6), "temperature": 0.0}
         body = {"input_ids": prompt(), "sampling_params": sp, "rid": f"soak-{i}"}
         if r < 0.10:
-            name, path, bad, _ = rng.choice(BAD_REQUESTS)
+            name, path, bad, _ = rng.choice(SOAK_BAD_REQUESTS)
             plan.append(("bad", (name, path, bad)))
             continue
         if r < 0.20:
