@@ -127,12 +127,13 @@ def engine_greedy(engine, prompts, max_new_tokens, **extra):
 
 
 class HFReference:
-    """Hugging Face transformers' Gemma4ForCausalLM on the same checkpoint."""
+    """Hugging Face transformers' causal LM (Gemma4ForCausalLM unless named) on the
+    same checkpoint."""
 
-    def __init__(self, model_path: str):
-        from transformers import Gemma4ForCausalLM
+    def __init__(self, model_path: str, causal_lm: str = "Gemma4ForCausalLM"):
+        import transformers
 
-        self.model = Gemma4ForCausalLM.from_pretrained(
+        self.model = getattr(transformers, causal_lm).from_pretrained(
             model_path, torch_dtype=torch.float32
         ).eval()
 
