@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence, 
 
 import torch
 from sglang.srt.layers.kv_sharing_fast_prefill_rows import (
+    bind_back_half_backend,
     bind_back_half_batch,
     call_layer,
     rows_entering_layers,
@@ -90,7 +91,9 @@ class BackHalfAttention:
 
     @classmethod
     def for_model_runner(cls, model_runner: ModelRunner) -> BackHalfAttention:
-        return cls(model_runner.attn_backend.make_back_half_backend(model_runner))
+        backend = model_runner.attn_backend.make_back_half_backend(model_runner)
+        bind_back_half_backend(model_runner, backend)
+        return cls(backend)
 
     def prepare(self, forward_batch: ForwardBatch, rows: BackHalfRows) -> ForwardBatch:
         """The back half's batch for ``rows`` of pass ``forward_batch``, with its
