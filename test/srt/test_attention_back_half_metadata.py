@@ -5,8 +5,8 @@ its own (AttentionBackend.make_back_half_backend) whose metadata
 For triton, trtllm_mha and torch_native: one query per request over its whole
 sequence (the keys its last token attends in the pass, sliding windows
 included), built while the pass's metadata is current; neither the pass's
-backend nor its ForwardBatch is written or replaced, also when the layers in
-between raise.
+backend nor its ForwardBatch is written. (That the back half's layers find
+that backend, and the pass's again after them: test_gemma4_yoco.py.)
 """
 
 import pytest
@@ -17,6 +17,7 @@ from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixtu
     assert_same_state,
     assert_same_trtllm_metadata,
     back_half_backend_of,
+    back_half_batch,
     backend_state,
     batch_state,
     make_batch,
@@ -30,44 +31,28 @@ from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixtu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang.srt.layers import kv_sharing_fast_prefill as yoco
-from sglang.srt.model_executor.forward_context import (
-    ForwardContext,
-    forward_context,
-    get_attn_backend,
-)
-
 pytestmark = pytest.mark.stack("yoco-model", step="attention-back-half-metadata")
 
 # (new tokens, cached prefix) per request of the pass
 REQS = st.lists(st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1, max_size=6)
 
 
-FIRST_SHARED = 4
-
-
 def build_untouched(be, fb, extend=False):
-    """The back half of pass ``fb`` (every request) in an attention context of
-    its own, built while ``be`` holds the pass's metadata: (that context, the
-    pass backend's state from before), asserting that building it wrote
-    nothing of the pass's backend or batch."""
+    """The back half of pass ``fb`` (every request) in a backend of its own,
+    its metadata built while ``be`` holds the pass's: (that backend, the pass
+    backend's state from before), asserting that building it wrote nothing of
+    the pass's backend or batch."""
     before, batch_before = backend_state(be), batch_state(fb)
-    attention = yoco.BackHalfAttention(back_half_backend_of(be))
-    assert attention.extend_shaped == extend
-    attention.prepare(fb, yoco.back_half_rows(fb, FIRST_SHARED))
-    assert attention.backend is not be
+    back = back_half_backend_of(be)
+    assert back.back_half_is_extend() == extend
+    back.init_back_half_metadata(back_half_batch(fb, extend, backend=back), fb.extend_prefix_lens_cpu)
     assert_same_state(be, before)
     assert_same_batch(fb, batch_before)
-    return attention, before
+    return back, before
 
 
-def assert_runs_in_its_own_context(attention, be, before):
-    """Inside ``active()`` attention finds the back half's backend; around it,
-    the pass's, untouched."""
-    with forward_context(ForwardContext(attn_backend=be)):
-        with attention.active():
-            assert get_attn_backend() is attention.backend
-        assert get_attn_backend() is be
+def assert_pass_untouched(back, be, before):
+    assert back is not be
     assert_same_state(be, before)
 
 
@@ -83,8 +68,8 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     be.kv_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(pre), 0)
     be.qo_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(ext), 0)
     be.forward_metadata = object()
-    attention, before = build_untouched(be, fb)  # building touched nothing of the pass's
-    meta = attention.backend.forward_metadata
+    back, before = build_untouched(be, fb)  # building touched nothing of the pass's
+    meta = back.forward_metadata
 
     seq = [p + e for p, e in zip(pre, ext)]
     rows = [be.req_to_token[i + 1] for i in range(len(seq))]
@@ -96,7 +81,7 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     assert meta.window_kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(w), 0).tolist()
     expect = torch.cat([r[s - k : s] for r, s, k in zip(rows, seq, w)])
     assert torch.equal(meta.window_kv_indices, be.token_to_kv_pool.translate_loc_from_full_to_swa(expect))
-    assert_runs_in_its_own_context(attention, be, before)
+    assert_pass_untouched(back, be, before)
 
 
 # 0.5.17's deterministic extend kernel tiles a window list from its first key,
@@ -113,8 +98,8 @@ def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(wi
     fb = make_batch(ext, pre)
     be.forward_metadata = object()
     assert be.back_half_is_extend()
-    attention, before = build_untouched(be, fb, extend=True)
-    meta = attention.backend.forward_metadata
+    back, before = build_untouched(be, fb, extend=True)
+    meta = back.forward_metadata
     seq = [p + e for p, e in zip(pre, ext)]
     n = len(seq)
     assert meta.qo_indptr.tolist() == list(range(n + 1)) and meta.max_extend_len == 1
@@ -130,7 +115,7 @@ def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(wi
     expect = torch.cat([r[b : s - 1] for r, s, b in zip(rows, seq, start)])
     assert torch.equal(meta.window_kv_indices, be.token_to_kv_pool.translate_loc_from_full_to_swa(expect))
     assert meta.window_kv_offsets.tolist() == start
-    assert_runs_in_its_own_context(attention, be, before)
+    assert_pass_untouched(back, be, before)
 
 
 TILE = 128  # align_window_kv_to_tiles' tile: a multiple of every BLOCK_N
@@ -174,8 +159,8 @@ def test_deterministic_triton_back_half_is_an_extend_over_the_pass_tiles(window,
     pass_meta = be.forward_metadata
     assert pass_meta.aligned_window_kv_indptr is not None  # deterministic
     assert be.back_half_is_extend()
-    attention, before = build_untouched(be, fb, extend=True)  # wrote nothing of the pass's
-    meta = attention.backend.forward_metadata
+    back, before = build_untouched(be, fb, extend=True)  # wrote nothing of the pass's
+    meta = back.forward_metadata
     assert meta is not pass_meta
     assert meta.qo_indptr.tolist() == list(range(n + 1)) and meta.max_extend_len == 1
 
@@ -213,35 +198,20 @@ def test_deterministic_triton_back_half_is_an_extend_over_the_pass_tiles(window,
         # are masked: copies of the list's first key, or keys past the window)
         assert torch.equal(keys[first - start :], p_keys[first - p_start :])
         assert torch.equal(keys[first - start :], swa(row[first:s]))
-    assert_runs_in_its_own_context(attention, be, before)
-
-
-def test_the_pass_backend_and_batch_are_untouched_when_the_back_half_raises():
-    be = make_triton_backend(15)
-    fb = make_batch([9, 30], backend=be)
-    be.forward_metadata = object()
-    attention, before = build_untouched(be, fb)
-    batch_before = batch_state(fb)
-    with forward_context(ForwardContext(attn_backend=be)):
-        with pytest.raises(RuntimeError):
-            with attention.active():
-                raise RuntimeError("layer failed")
-        assert get_attn_backend() is be
-    assert_same_state(be, before)
-    assert_same_batch(fb, batch_before)
+    assert_pass_untouched(back, be, before)
 
 
 def test_torch_native_back_half_metadata():
     be = make_torch_native_backend()
     fb = make_batch([9, 30, 2], backend=be)
     be.swa_out_cache_loc = be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc)
-    attention, before = build_untouched(be, fb)
+    back, before = build_untouched(be, fb)
     last = torch.cumsum(fb.extend_seq_lens, 0) - 1
     assert torch.equal(
-        attention.backend.swa_out_cache_loc,
+        back.swa_out_cache_loc,
         be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc[last]),
     )
-    assert_runs_in_its_own_context(attention, be, before)
+    assert_pass_untouched(back, be, before)
 
 
 @settings(max_examples=40, deadline=None)
@@ -257,8 +227,8 @@ def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
     fb = make_batch(ext, pre, backend=be)
     be.init_forward_metadata(fb)  # the pass's own (front-half) metadata
     pass_meta = be.forward_metadata
-    attention, before = build_untouched(be, fb)  # building touched nothing of the pass's
-    meta = attention.backend.forward_metadata
+    back, before = build_untouched(be, fb)  # building touched nothing of the pass's
+    meta = back.forward_metadata
 
     # what trtllm_mha builds for a genuine decode step of these requests
     seq = [p + e for p, e in zip(pre, ext)]
@@ -284,7 +254,7 @@ def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
             keys = trtllm_keys(be, meta, b, window, is_swa)
             assert torch.equal(keys, slots)
             assert torch.equal(keys, trtllm_keys(be, pass_meta, b, window, is_swa))
-    assert_runs_in_its_own_context(attention, be, before)
+    assert_pass_untouched(back, be, before)
 
 
 def test_a_backend_without_it_refuses_with_the_flag_named():

@@ -18,6 +18,9 @@ import torch
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels,
     assert_same_batch,
+    assert_same_state,
+    back_half_backend_of,
+    backend_state,
     batch_state,
     make_batch,
     make_torch_native_backend,
@@ -29,6 +32,11 @@ from hypothesis import strategies as st
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.model_executor.forward_context import (
+    ForwardContext,
+    forward_context,
+    get_attn_backend,
+)
 
 pytestmark = pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch")
 
@@ -184,6 +192,30 @@ def test_plan_builds_a_decode_shaped_back_half_batch():
         plan.batch = None
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.rows.token_index = None
+
+
+def test_the_back_half_attends_in_its_own_context_and_leaves_the_pass_untouched():
+    """The KV-shared layers find the back half's backend inside active(), the
+    pass's again after it, also when they raise; the pass's backend and batch
+    are neither written nor replaced by planning or running the back half."""
+    be = make_triton_backend(15)
+    fb = make_batch([9, 30, 4], [0, 4, 2], backend=be)
+    be.init_forward_metadata(fb)  # the pass's own metadata
+    before, batch_before = backend_state(be), batch_state(fb)
+    attn = attention(back_half_backend_of(be))
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn)
+    assert plan.attention is attn and plan.batch is not fb
+    assert attn.backend.forward_metadata is not be.forward_metadata
+    with forward_context(ForwardContext(attn_backend=be)):
+        with attn.active():
+            assert get_attn_backend() is attn.backend
+        assert get_attn_backend() is be
+        with pytest.raises(RuntimeError):
+            with attn.active():
+                raise RuntimeError("layer failed")
+        assert get_attn_backend() is be
+    assert_same_state(be, before)
+    assert_same_batch(fb, batch_before)
 
 
 def test_plan_with_only_an_unfinished_chunk_runs_no_back_half():
