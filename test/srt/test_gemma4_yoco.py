@@ -11,6 +11,7 @@ import dataclasses
 import os
 import random
 import re
+import time
 import types
 
 import pytest
@@ -431,6 +432,16 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd, monkeypatch, tmp
     assert reads and set(reads) == {"host"}, reads
 
 
+def flush(eng):
+    """Empty the prefix cache (so the next prompts are prefilled whole); the
+    scheduler refuses a flush while requests are still finishing."""
+    for _ in range(200):
+        if eng.flush_cache().success:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the prefix cache was never flushed")
+
+
 def fast_passes(log):
     """(rows, tokens) of each prefill pass that the engine's debug log says ran
     the back half on its last tokens only."""
@@ -459,13 +470,13 @@ def test_yoco_on_equals_off(model_dir, capfd):
         try:
             results[on, "batch"] = engine_greedy(eng, prompts, MAX_NEW)
             logs[on, "batch"] = capfd.readouterr().err
-            eng.flush_cache()
+            flush(eng)
             results[on, "single"] = [engine_greedy(eng, [p], MAX_NEW)[0] for p in prompts]
             logs[on, "single"] = capfd.readouterr().err
-            eng.flush_cache()
+            flush(eng)
             results[on, "many"] = engine_greedy(eng, many, 2)
             logs[on, "many"] = capfd.readouterr().err
-            eng.flush_cache()
+            flush(eng)
             results[on, "input logprobs"] = engine_greedy(
                 eng, prompts[:4], MAX_NEW, logprob_start_len=0
             )
