@@ -16,6 +16,7 @@ Works on both upstream bases. What differs between them is decided once, below
   from it (bind_plan), as ForwardBatch.init_new and the graph runners bind one.
 """
 
+import copy
 import dataclasses
 import importlib.util
 
@@ -238,7 +239,6 @@ def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
     for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
         setattr(be, name, torch.zeros(max_bs + 1, dtype=torch.int32))
     be.forward_metadata = None
-    be._back_half_index_buffers = None  # as __init__ leaves it
     if HAS_KV_LOC_PLAN:
         be.page_size = 1
         be.max_context_len = ctx
@@ -294,11 +294,7 @@ def _snapshot(v):
 
 
 def backend_state(be):
-    return {
-        k: _snapshot(v)
-        for k, v in vars(be).items()
-        if k != "_back_half_index_buffers"  # made on first use
-    }
+    return {k: _snapshot(v) for k, v in vars(be).items()}
 
 
 def _assert_same(after, before, where):
@@ -318,6 +314,36 @@ def assert_same_state(be, before):
     assert after.keys() == before.keys()
     for k in before:
         _assert_same(after[k], before[k], k)
+
+
+def back_half_backend_of(be):
+    """What ``be.make_back_half_backend(model_runner)`` builds, for a stand-in:
+    a backend of the same kind over the same pools and caches (shared, as a
+    real second instance shares the runner's), with the per-forward state its
+    __init__ allocates of its own: index buffers and metadata."""
+    back = copy.copy(be)
+    for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
+        buf = vars(be).get(name)
+        if isinstance(buf, torch.Tensor):
+            setattr(back, name, torch.zeros_like(buf))
+        elif isinstance(buf, list):
+            setattr(back, name, [torch.zeros_like(b) for b in buf])
+    back.forward_metadata = None
+    if "swa_out_cache_loc" in vars(be):
+        back.swa_out_cache_loc = None
+    return back
+
+
+def batch_state(fb):
+    """A deep snapshot of a ForwardBatch (assert_same_batch checks it)."""
+    return {k: _snapshot(v) for k, v in vars(fb).items()}
+
+
+def assert_same_batch(fb, before):
+    after = batch_state(fb)
+    assert after.keys() == before.keys()
+    for k in before:
+        _assert_same(after[k], before[k], f"forward_batch.{k}")
 
 
 def back_half_batch(fb, extend=False, backend=None):

@@ -1,22 +1,25 @@
-"""Back-half metadata of KV-sharing fast prefill, built by each attention
-backend that supports it (AttentionBackend.init_back_half_metadata), on CPU.
+"""The back half's attention of KV-sharing fast prefill, on CPU: a backend of
+its own (AttentionBackend.make_back_half_backend) whose metadata
+(init_back_half_metadata) describes the back half's rows.
 
 For triton, trtllm_mha and torch_native: one query per request over its whole
 sequence (the keys its last token attends in the pass, sliding windows
-included), built while the pass's metadata is current without writing anything
-the backend holds, and made current and undone exactly, also when the layers
-in between raise.
+included), built while the pass's metadata is current; neither the pass's
+backend nor its ForwardBatch is written. (That the back half's layers find
+that backend, and the pass's again after them: test_gemma4_yoco.py.)
 """
 
 import pytest
 import torch
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels,
-    _snapshot,
+    assert_same_batch,
     assert_same_state,
     assert_same_trtllm_metadata,
+    back_half_backend_of,
     back_half_batch,
     backend_state,
+    batch_state,
     make_batch,
     make_decode_batch,
     make_torch_native_backend,
@@ -35,13 +38,22 @@ REQS = st.lists(st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1,
 
 
 def build_untouched(be, fb, extend=False):
-    """The backend's back-half metadata for every request of pass ``fb`` and its
-    state from before, asserting that building it wrote nothing the backend holds."""
-    before = backend_state(be)
-    back = back_half_batch(fb, extend, backend=be)
-    attrs = be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)
+    """The back half of pass ``fb`` (every request) in a backend of its own,
+    its metadata built while ``be`` holds the pass's: (that backend, the pass
+    backend's state from before), asserting that building it wrote nothing of
+    the pass's backend or batch."""
+    before, batch_before = backend_state(be), batch_state(fb)
+    back = back_half_backend_of(be)
+    assert back.back_half_is_extend() == extend
+    back.init_back_half_metadata(back_half_batch(fb, extend, backend=back), fb.extend_prefix_lens_cpu)
     assert_same_state(be, before)
-    return attrs, before
+    assert_same_batch(fb, batch_before)
+    return back, before
+
+
+def assert_pass_untouched(back, be, before):
+    assert back is not be
+    assert_same_state(be, before)
 
 
 @pytest.mark.stack("yoco-model", step="attention-back-half-metadata", fails_before=True)
@@ -56,8 +68,8 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     be.kv_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(pre), 0)
     be.qo_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(ext), 0)
     be.forward_metadata = object()
-    attrs, before = build_untouched(be, fb)  # building touched nothing of the pass's
-    meta = attrs["forward_metadata"]
+    back, before = build_untouched(be, fb)  # building touched nothing of the pass's
+    meta = back.forward_metadata
 
     seq = [p + e for p, e in zip(pre, ext)]
     rows = [be.req_to_token[i + 1] for i in range(len(seq))]
@@ -69,10 +81,7 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     assert meta.window_kv_indptr.tolist() == [0] + torch.cumsum(torch.tensor(w), 0).tolist()
     expect = torch.cat([r[s - k : s] for r, s, k in zip(rows, seq, w)])
     assert torch.equal(meta.window_kv_indices, be.token_to_kv_pool.translate_loc_from_full_to_swa(expect))
-    # the swapped-in metadata is swapped out again, exactly
-    with be.use_back_half_metadata(attrs):
-        assert be.forward_metadata is meta
-    assert_same_state(be, before)
+    assert_pass_untouched(back, be, before)
 
 
 # 0.5.17's deterministic extend kernel tiles a window list from its first key,
@@ -89,8 +98,8 @@ def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(wi
     fb = make_batch(ext, pre)
     be.forward_metadata = object()
     assert be.back_half_is_extend()
-    attrs, before = build_untouched(be, fb, extend=True)
-    meta = attrs["forward_metadata"]
+    back, before = build_untouched(be, fb, extend=True)
+    meta = back.forward_metadata
     seq = [p + e for p, e in zip(pre, ext)]
     n = len(seq)
     assert meta.qo_indptr.tolist() == list(range(n + 1)) and meta.max_extend_len == 1
@@ -106,9 +115,7 @@ def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(wi
     expect = torch.cat([r[b : s - 1] for r, s, b in zip(rows, seq, start)])
     assert torch.equal(meta.window_kv_indices, be.token_to_kv_pool.translate_loc_from_full_to_swa(expect))
     assert meta.window_kv_offsets.tolist() == start
-    with be.use_back_half_metadata({"forward_metadata": meta}):
-        assert be.forward_metadata is meta
-    assert_same_state(be, before)
+    assert_pass_untouched(back, be, before)
 
 
 TILE = 128  # align_window_kv_to_tiles' tile: a multiple of every BLOCK_N
@@ -152,8 +159,8 @@ def test_deterministic_triton_back_half_is_an_extend_over_the_pass_tiles(window,
     pass_meta = be.forward_metadata
     assert pass_meta.aligned_window_kv_indptr is not None  # deterministic
     assert be.back_half_is_extend()
-    attrs, before = build_untouched(be, fb, extend=True)  # wrote nothing of the pass's
-    meta = attrs["forward_metadata"]
+    back, before = build_untouched(be, fb, extend=True)  # wrote nothing of the pass's
+    meta = back.forward_metadata
     assert meta is not pass_meta
     assert meta.qo_indptr.tolist() == list(range(n + 1)) and meta.max_extend_len == 1
 
@@ -191,35 +198,20 @@ def test_deterministic_triton_back_half_is_an_extend_over_the_pass_tiles(window,
         # are masked: copies of the list's first key, or keys past the window)
         assert torch.equal(keys[first - start :], p_keys[first - p_start :])
         assert torch.equal(keys[first - start :], swa(row[first:s]))
-    with be.use_back_half_metadata(attrs):
-        assert be.forward_metadata is meta
-    assert_same_state(be, before)
+    assert_pass_untouched(back, be, before)
 
 
-def test_triton_metadata_restored_when_the_back_half_raises():
-    be = make_triton_backend(15)
-    fb = make_batch([9, 30], backend=be)
-    be.forward_metadata = object()
-    before = backend_state(be)
-    attrs = be.init_back_half_metadata(back_half_batch(fb, backend=be), fb.extend_prefix_lens_cpu)
-    with pytest.raises(RuntimeError):
-        with be.use_back_half_metadata(attrs):
-            raise RuntimeError("layer failed")
-    assert_same_state(be, before)
-
-
-def test_torch_native_back_half_metadata_and_restore():
+def test_torch_native_back_half_metadata():
     be = make_torch_native_backend()
     fb = make_batch([9, 30, 2], backend=be)
     be.swa_out_cache_loc = be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc)
-    attrs, before = build_untouched(be, fb)
+    back, before = build_untouched(be, fb)
+    last = torch.cumsum(fb.extend_seq_lens, 0) - 1
     assert torch.equal(
-        attrs["swa_out_cache_loc"],
-        be.token_to_kv_pool.translate_loc_from_full_to_swa(back_half_batch(fb).out_cache_loc),
+        back.swa_out_cache_loc,
+        be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc[last]),
     )
-    with be.use_back_half_metadata(attrs):
-        assert be.swa_out_cache_loc is attrs["swa_out_cache_loc"]
-    assert_same_state(be, before)
+    assert_pass_untouched(back, be, before)
 
 
 @settings(max_examples=40, deadline=None)
@@ -235,8 +227,8 @@ def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
     fb = make_batch(ext, pre, backend=be)
     be.init_forward_metadata(fb)  # the pass's own (front-half) metadata
     pass_meta = be.forward_metadata
-    attrs, before = build_untouched(be, fb)  # building touched nothing of the pass's
-    meta = attrs["forward_metadata"]
+    back, before = build_untouched(be, fb)  # building touched nothing of the pass's
+    meta = back.forward_metadata
 
     # what trtllm_mha builds for a genuine decode step of these requests
     seq = [p + e for p, e in zip(pre, ext)]
@@ -262,52 +254,7 @@ def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
             keys = trtllm_keys(be, meta, b, window, is_swa)
             assert torch.equal(keys, slots)
             assert torch.equal(keys, trtllm_keys(be, pass_meta, b, window, is_swa))
-    # the swapped-in metadata is swapped out again, exactly
-    with be.use_back_half_metadata(attrs):
-        assert be.forward_metadata is meta
-    assert_same_state(be, before)
-
-
-def test_trtllm_decode_metadata_is_allocated_per_call():
-    """Called directly (no scratch twins), trtllm_mha's decode
-    init_forward_metadata writes nothing the backend holds and returns
-    tensors that share no storage with it."""
-    be = make_trtllm_backend(16)
-    fb = make_batch([9, 30, 2], [5, 0, 40], backend=be)
-    be.init_forward_metadata(fb)
-    before = backend_state(be)
-    pass_meta = be.forward_metadata
-    be.init_forward_metadata(
-        make_decode_batch(
-            fb.req_pool_indices, fb.seq_lens, torch.tensor([1013, 1038, 1040]), backend=be
-        )
-    )
-    new, be.forward_metadata = be.forward_metadata, pass_meta
-    assert_same_state(be, before)
-
-    def storages(snap):
-        obj, held = snap
-        if isinstance(obj, torch.Tensor):
-            yield obj.untyped_storage().data_ptr()
-        elif held is not None and not isinstance(held, torch.Tensor):
-            for x in held.values() if isinstance(held, dict) else held:
-                yield from storages(x)
-
-    held = {p for snap in before.values() for p in storages(snap)}
-    assert held.isdisjoint(storages(_snapshot(new)))
-
-
-def test_trtllm_metadata_restored_when_the_back_half_raises():
-    be = make_trtllm_backend(16)
-    fb = make_batch([9, 30], backend=be)
-    be.init_forward_metadata(fb)
-    before = backend_state(be)
-    attrs = be.init_back_half_metadata(back_half_batch(fb, backend=be), fb.extend_prefix_lens_cpu)
-    with pytest.raises(RuntimeError):
-        with be.use_back_half_metadata(attrs):
-            assert be.forward_metadata is attrs["forward_metadata"]
-            raise RuntimeError("layer failed")
-    assert_same_state(be, before)
+    assert_pass_untouched(back, be, before)
 
 
 def test_a_backend_without_it_refuses_with_the_flag_named():
@@ -317,5 +264,5 @@ def test_a_backend_without_it_refuses_with_the_flag_named():
         pass
 
     with pytest.raises(NotImplementedError, match="--kv-sharing-fast-prefill"):
-        Other().init_back_half_metadata(back_half_batch(make_batch([3])), [0])
+        Other().make_back_half_backend(model_runner=None)
     assert not Other().back_half_is_extend()

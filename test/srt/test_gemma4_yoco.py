@@ -7,15 +7,22 @@ End to end: the fork's engine with YOCO on matches Hugging Face transformers and
 YOCO off.
 """
 
+import dataclasses
 import os
 import random
 import re
+import time
 import types
 
 import pytest
 import torch
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels,
+    assert_same_batch,
+    assert_same_state,
+    back_half_backend_of,
+    backend_state,
+    batch_state,
     make_batch,
     make_torch_native_backend,
     make_triton_backend,
@@ -26,6 +33,11 @@ from hypothesis import strategies as st
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.model_executor.forward_context import (
+    ForwardContext,
+    forward_context,
+    get_attn_backend,
+)
 
 pytestmark = pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch")
 
@@ -151,18 +163,23 @@ def test_finishing_requests_read_the_host_lengths_without_a_device_copy():
         yoco._finishing_requests(fb, fb.seq_lens_cpu.tolist())
 
 
-def test_plan_builds_a_decode_shaped_back_half_batch(monkeypatch):
-    backend = make_torch_native_backend()
-    monkeypatch.setattr(yoco, "get_attn_backend", lambda: backend)
+def attention(backend):
+    """The back half's attention context over ``backend`` (a stand-in of the
+    instance make_back_half_backend builds)."""
+    return yoco.BackHalfAttention(backend)
+
+
+def test_plan_builds_a_decode_shaped_back_half_batch():
     # request 1 is an unfinished chunk; request 2 has a single new token
     fb = make_batch([4, 6, 1, 3], prefix_lens=[0, 2, 9, 5], orig_extra=[0, 5, 0, 0])
-    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    before = batch_state(fb)
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attention(make_torch_native_backend()))
     assert plan.num_reqs == 3
-    assert plan.req_index.tolist() == [0, 2, 3]
-    assert plan.token_index.tolist() == [3, 10, 13]
+    assert plan.rows.req_index.tolist() == [0, 2, 3]
+    assert plan.rows.token_index.tolist() == [3, 10, 13]
     b = plan.batch
-    assert b.forward_mode == ForwardMode.DECODE and b.batch_size == 3
-    assert b.seq_lens.tolist() == [4, 10, 8] == plan.seq_lens_cpu
+    assert b is not fb and b.forward_mode == ForwardMode.DECODE and b.batch_size == 3
+    assert b.seq_lens.tolist() == [4, 10, 8] == list(plan.rows.seq_lens_cpu)
     assert b.seq_lens_sum == 22
     assert b.req_pool_indices.tolist() == [1, 3, 4]
     assert b.positions.tolist() == [3, 9, 7]  # position of each last token
@@ -170,16 +187,61 @@ def test_plan_builds_a_decode_shaped_back_half_batch(monkeypatch):
     assert b.input_ids.tolist() == [103, 110, 113]
     assert b.extend_seq_lens is None and b.spec_info is None
     # the pass's own batch is untouched
-    assert fb.forward_mode == ForwardMode.EXTEND and fb.batch_size == 4
+    assert_same_batch(fb, before)
+    # the plan is immutable
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.batch = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.rows.token_index = None
 
 
-def test_plan_with_only_an_unfinished_chunk_runs_no_back_half(monkeypatch):
-    backend = make_torch_native_backend()
-    monkeypatch.setattr(yoco, "get_attn_backend", lambda: backend)
-    plan = yoco.plan_fast_prefill(make_batch([64], orig_extra=[100]), FIRST_SHARED)
+def test_the_back_half_attends_in_its_own_context_and_leaves_the_pass_untouched():
+    """The KV-shared layers find the back half's backend inside active(), the
+    pass's again after it, also when they raise; the pass's backend and batch
+    are neither written nor replaced by planning or running the back half."""
+    be = make_triton_backend(15)
+    fb = make_batch([9, 30, 4], [0, 4, 2], backend=be)
+    be.init_forward_metadata(fb)  # the pass's own metadata
+    before, batch_before = backend_state(be), batch_state(fb)
+    attn = attention(back_half_backend_of(be))
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn)
+    assert plan.attention is attn and plan.batch is not fb
+    assert attn.backend.forward_metadata is not be.forward_metadata
+    with forward_context(ForwardContext(attn_backend=be)):
+        with attn.active():
+            assert get_attn_backend() is attn.backend
+        assert get_attn_backend() is be
+        with pytest.raises(RuntimeError):
+            with attn.active():
+                raise RuntimeError("layer failed")
+        assert get_attn_backend() is be
+    assert_same_state(be, before)
+    assert_same_batch(fb, batch_before)
+
+
+def test_plan_with_only_an_unfinished_chunk_runs_no_back_half():
+    plan = yoco.plan_fast_prefill(
+        make_batch([64], orig_extra=[100]), FIRST_SHARED, attention=attention(make_torch_native_backend())
+    )
     assert plan.num_reqs == 0 and plan.batch is None
     h = torch.randn(64, 8)
-    assert yoco.run_back_half([], plan, 8, h) is h
+    assert yoco.run_back_half([], plan, 8, h, None) is h
+
+
+def test_rows_of_any_leading_shape_pass_through():
+    """Hidden states with several streams per token ([streams, tokens, hidden],
+    as Gemma-3n's AltUp carries them): the back half's rows are gathered and
+    scattered along the token dimension, every stream with its rows."""
+    x = torch.randn(4, 10, 6)
+    index = torch.tensor([2, 5, 9])
+    rows = yoco.gather_rows(x, index, token_dim=1)
+    assert rows.shape == (4, 3, 6) and torch.equal(rows, x[:, [2, 5, 9]])
+    new = torch.randn(4, 3, 6)
+    out = yoco.scatter_rows(x, index, new, token_dim=1)
+    assert torch.equal(out[:, [2, 5, 9]], new)
+    keep = [i for i in range(10) if i not in (2, 5, 9)]
+    assert torch.equal(out[:, keep], x[:, keep])
+    assert out is not x and torch.equal(x[:, [2, 5, 9]], rows)  # out of place
 
 
 # ---------------------------------------------------------------- per-layer inputs
@@ -209,12 +271,12 @@ def _ple_model(layers, dim, hidden, seed=0):
 
 
 @pytest.mark.parametrize("with_embeddings", [True, False])
-def test_per_layer_inputs_of_the_back_half_only_on_its_rows(monkeypatch, with_embeddings):
+def test_per_layer_inputs_of_the_back_half_only_on_its_rows(with_embeddings):
     """With a plan, the model finishes the per-layer inputs of the back half's
     layers for the plan's rows only, the front layers' for every row: bit for
     bit the full computation's values there (bf16). An unfinished chunk's plan
     gets none."""
-    monkeypatch.setattr(yoco, "get_attn_backend", make_torch_native_backend)
+    attn = attention(make_torch_native_backend())
     layers, dim, hidden = 8, 16, 24
     _, project = _ple_model(layers, dim, hidden)
     fb = make_batch([5, 1, 9, 3], prefix_lens=[0, 4, 2, 0], orig_extra=[0, 0, 0, 7])
@@ -223,33 +285,32 @@ def test_per_layer_inputs_of_the_back_half_only_on_its_rows(monkeypatch, with_em
     emb = torch.randn(n_tok, hidden, generator=g).to(torch.bfloat16)
     raw = torch.randn(n_tok, layers, dim, generator=g).to(torch.bfloat16) if with_embeddings else None
     full = project(emb, raw)
-    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED)
-    front = project(emb, raw, plan)
-    rows = plan.token_index
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn)
+    front, back = project(emb, raw, plan)
+    rows = plan.rows.token_index
     assert rows.tolist() == [4, 5, 14]  # request 3 is an unfinished chunk
     assert torch.equal(front, full[:, :FIRST_SHARED])
-    assert torch.equal(plan.back_per_layer_inputs, full[rows, FIRST_SHARED:])
+    assert torch.equal(back, full[rows, FIRST_SHARED:])
 
-    chunk = yoco.plan_fast_prefill(make_batch([6], orig_extra=[9]), FIRST_SHARED)
+    chunk = yoco.plan_fast_prefill(make_batch([6], orig_extra=[9]), FIRST_SHARED, attention=attn)
     assert chunk.num_reqs == 0
-    front = project(emb[:6], raw[:6] if raw is not None else None, chunk)
-    assert torch.equal(front, full[:6, :FIRST_SHARED]) and chunk.back_per_layer_inputs is None
+    front, back = project(emb[:6], raw[:6] if raw is not None else None, chunk)
+    assert torch.equal(front, full[:6, :FIRST_SHARED]) and back is None
 
 
 # ---------------------------------------------------------------- metadata
 
 
-def test_default_triton_back_half_stays_a_decode_step(monkeypatch):
-    be = make_triton_backend(15)
-    monkeypatch.setattr(yoco, "get_attn_backend", lambda: be)
-    plan = yoco.plan_fast_prefill(make_batch([9, 30], [0, 4]), FIRST_SHARED)
+def test_default_triton_back_half_stays_a_decode_step():
+    plan = yoco.plan_fast_prefill(
+        make_batch([9, 30], [0, 4]), FIRST_SHARED, attention=attention(make_triton_backend(15))
+    )
     assert plan.batch.forward_mode == ForwardMode.DECODE
 
 
 def _deterministic_triton_plan(monkeypatch):
     be = set_deterministic(make_triton_backend(15))
-    monkeypatch.setattr(yoco, "get_attn_backend", lambda: be)
-    return yoco.plan_fast_prefill(make_batch([9, 30, 4], [0, 4, 20]), FIRST_SHARED)
+    return yoco.plan_fast_prefill(make_batch([9, 30, 4], [0, 4, 20]), FIRST_SHARED, attention=attention(be))
 
 
 def test_deterministic_triton_back_half_is_planned_as_an_extend(monkeypatch):
@@ -261,7 +322,7 @@ def test_deterministic_triton_back_half_is_planned_as_an_extend(monkeypatch):
     assert back.extend_prefix_lens.tolist() == [s - 1 for s in seq] == back.extend_prefix_lens_cpu
     assert back.extend_start_loc.tolist() == [0, 1, 2]
     # the backend built extend metadata for it: one query per request
-    meta = plan.back_metadata["forward_metadata"]
+    meta = plan.attention.backend.forward_metadata
     assert meta.qo_indptr.tolist() == [0, 1, 2, 3] and meta.max_extend_len == 1
 
 
@@ -269,13 +330,13 @@ def test_deterministic_triton_back_half_is_planned_as_an_extend(monkeypatch):
 def test_deterministic_triton_back_half_window_starts_where_the_pass_did(monkeypatch):
     plan = _deterministic_triton_plan(monkeypatch)
     # the backend built it with the pass's prefixes (its window starts there)
-    assert plan.back_metadata["forward_metadata"].window_kv_offsets.tolist() == [0, 0, 5]
+    assert plan.attention.backend.forward_metadata.window_kv_offsets.tolist() == [0, 0, 5]
 
 
 @pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch", bases=("0.5.23",))
 def test_deterministic_triton_back_half_window_starts_on_the_pass_tile(monkeypatch):
     plan = _deterministic_triton_plan(monkeypatch)
-    meta = plan.back_metadata["forward_metadata"]
+    meta = plan.attention.backend.forward_metadata
     # its last W = 15 keys before the token, padded back to the 128-key tile
     # they start in, key 0 here, as the pass's lists are (the general case:
     # test_attention_back_half_metadata)
@@ -285,33 +346,21 @@ def test_deterministic_triton_back_half_window_starts_on_the_pass_tile(monkeypat
 
 
 @pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch", bases=("0.5.23",))
-def test_back_half_batch_reads_through_a_plan_of_its_own_rows(monkeypatch):
+def test_back_half_batch_reads_through_a_plan_of_its_own_rows():
     """0.5.23 reads the KV cache through the KVLocPlan bound to a batch, whose
-    tables are indexed by the batch's rows: the back half (a copy of the pass's
-    batch, fewer rows) must not keep the pass's plan."""
+    tables are indexed by the batch's rows: the back half's batch (fewer rows)
+    reads through a plan of its own, and the pass's keeps the pass's."""
     be = make_triton_backend(15)
-    monkeypatch.setattr(yoco, "get_attn_backend", lambda: be)
     # request 1 is an unfinished chunk: the back half has requests 0 and 2
     fb = make_batch([4, 6, 3], prefix_lens=[0, 2, 5], orig_extra=[0, 5, 0], backend=be)
-    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    pass_plan = fb.kv_loc_plan
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attention(be))
+    assert fb.kv_loc_plan is pass_plan
     back = plan.batch
     assert fb.kv_loc_plan.req_pool_indices.tolist() == [1, 2, 3]
     assert back.kv_loc_plan is not fb.kv_loc_plan
     assert back.kv_loc_plan.req_pool_indices.tolist() == back.req_pool_indices.tolist() == [1, 3]
     assert back.kv_loc_plan.seq_lens.tolist() == [4, 8]
-
-
-def _plan_all(fb):
-    reqs = list(range(fb.batch_size))
-    rows = yoco.last_token_rows(fb.extend_seq_lens_cpu, reqs)
-    return yoco.FastPrefillPlan(
-        first_shared_layer=FIRST_SHARED,
-        token_index=torch.tensor(rows),
-        req_index=torch.tensor(reqs),
-        num_reqs=len(reqs),
-        seq_lens_cpu=fb.seq_lens_cpu.tolist(),
-        prefix_lens_cpu=list(fb.extend_prefix_lens_cpu),
-    )
 
 
 # ---------------------------------------------------------------- end to end
@@ -375,7 +424,7 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd, monkeypatch, tmp
     finally:
         eng.shutdown()
     log = capfd.readouterr().err
-    fired = [tuple(map(int, m)) for m in re.findall(r"back half on (\d+) of (\d+) tokens", log)]
+    fired = fast_passes(log)
     assert any(n > 1 and total > n for n, total in fired), "YOCO never fired"
     assert any(n == 0 for n, _ in fired), "an unfinished chunk was not dropped"
     assert "full pass (input-token logprobs requested)" in log
@@ -383,30 +432,67 @@ def test_yoco_engine_matches_hf_and_fires(model_dir, hf, capfd, monkeypatch, tmp
     assert reads and set(reads) == {"host"}, reads
 
 
+def flush(eng):
+    """Empty the prefix cache (so the next prompts are prefilled whole); the
+    scheduler refuses a flush while requests are still finishing."""
+    for _ in range(200):
+        if eng.flush_cache().success:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the prefix cache was never flushed")
+
+
+def fast_passes(log):
+    """(rows, tokens) of each prefill pass that the engine's debug log says ran
+    the back half on its last tokens only."""
+    return [tuple(map(int, m)) for m in re.findall(r"back half on (\d+) of (\d+) tokens", log)]
+
+
 @pytest.mark.stack("yoco-model")
-def test_yoco_on_equals_off(model_dir):
+def test_yoco_on_equals_off(model_dir, capfd):
     """Same engine settings, YOCO on vs off, three batch mixes (one batch of 160
-    requests, groups, one by one): same tokens and logprobs (fp32, CPU)."""
+    requests, groups, one by one) and a batch that asks for input logprobs: same
+    tokens and logprobs (fp32, CPU). The engine's log shows that with YOCO on the
+    fast path ran in each mix (the back half on fewer rows than the pass's
+    tokens), that the input-logprob batch turned it off, and that with YOCO off
+    it never ran: were it silently off, this test fails."""
     from cpu_engine import YOCO, engine_greedy, start_engine
 
     prompts = _prompts(11, 12)
     rng = random.Random(5)
     many = [[rng.randrange(3, 512) for _ in range(rng.randrange(1, 40))] for _ in range(160)]
-    results = {}
+    results, logs = {}, {}
     for on in (False, True):
-        eng = start_engine(model_dir, **(YOCO if on else {}), max_running_requests=256)
+        eng = start_engine(
+            model_dir, **(YOCO if on else {}), max_running_requests=256, log_level="debug"
+        )
+        capfd.readouterr()  # start-up
         try:
             results[on, "batch"] = engine_greedy(eng, prompts, MAX_NEW)
-            eng.flush_cache()
+            logs[on, "batch"] = capfd.readouterr().err
+            flush(eng)
             results[on, "single"] = [engine_greedy(eng, [p], MAX_NEW)[0] for p in prompts]
-            eng.flush_cache()
+            logs[on, "single"] = capfd.readouterr().err
+            flush(eng)
             results[on, "many"] = engine_greedy(eng, many, 2)
+            logs[on, "many"] = capfd.readouterr().err
+            flush(eng)
+            results[on, "input logprobs"] = engine_greedy(
+                eng, prompts[:4], MAX_NEW, logprob_start_len=0
+            )
+            logs[on, "input logprobs"] = capfd.readouterr().err
         finally:
             eng.shutdown()
-    for mix in ("batch", "single", "many"):
+    for mix in ("batch", "single", "many", "input logprobs"):
         for (t_on, lp_on), (t_off, lp_off) in zip(results[True, mix], results[False, mix]):
             assert t_on == t_off, mix
             assert max(abs(a - b) for a, b in zip(lp_on, lp_off)) <= 1e-4, mix
+        assert "KV-sharing fast prefill" not in logs[False, mix], mix
+    for mix in ("batch", "single", "many"):
+        fired = fast_passes(logs[True, mix])
+        assert any(0 < n < total for n, total in fired), f"YOCO never fired ({mix})"
+    assert fast_passes(logs[True, "input logprobs"]) == []
+    assert "full pass (input-token logprobs requested)" in logs[True, "input logprobs"]
 
 
 @pytest.mark.stack("yoco-model")

@@ -5,9 +5,9 @@ the graph is stood in for by a replay that runs the same captured function over
 the same static buffers, so what is tested is everything around the capture:
 which graph a pass picks, how its rows, per-layer inputs and request geometry are
 staged and padded, that the result equals the eager back half row for row, that
-the graph's own triton backend builds the key lists the eager back half attends
-(W + 1 sliding-window keys), how the model hands its layers to the runner, and
-when start-up captures nothing.
+the back half's triton backend builds in its CUDA-graph buffers the key lists
+the eager back half attends (W + 1 sliding-window keys), what the model declares
+to the model runner, and when start-up captures nothing.
 """
 
 import importlib.util
@@ -23,10 +23,9 @@ from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixtu
     make_torch_native_backend,
     make_triton_backend,
 )
-from test_gemma4_yoco import FIRST_SHARED, _plan_all
+from test_gemma4_yoco import FIRST_SHARED
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
-from sglang.srt.layers.attention import triton_backend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner import kv_shared_back_half_graph_runner as kr
 
@@ -67,6 +66,9 @@ class FakeBackend:
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
 
+    def back_half_is_extend(self):
+        return False
+
     def init_forward_metadata_out_graph(self, fb, in_capture=False):
         self.calls.append((fb.batch_size, fb.seq_lens.tolist(), fb.seq_lens_sum, in_capture))
 
@@ -89,7 +91,11 @@ def back_half(layers=None):
 
 def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None):
     g = kr.KVSharedBackHalfGraphRunner(
-        back_half(layers), backend or FakeBackend(), list(capture_bs), torch.float64, "cpu"
+        back_half(layers),
+        yoco.BackHalfAttention(backend or FakeBackend()),
+        list(capture_bs),
+        torch.float64,
+        "cpu",
     )
     for bs in g.capture_bs:  # what capture() records, without a GPU
         g.batches[bs] = g._batch(bs)
@@ -98,12 +104,15 @@ def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None):
     return g
 
 
-def with_ple(plan, ple):
-    """The plan as the model hands it to the back half: the per-layer inputs of
+def back_ple(plan, ple):
+    """What the model hands the back half with ``plan``: the per-layer inputs of
     the back half's layers for its rows (per_layer_inputs_for_plan, with the
     model's scale and norm left out)."""
-    yoco.per_layer_inputs_for_plan(plan, ple, None, lambda projection, _: projection)
-    return plan
+    return yoco.per_layer_inputs_for_plan(plan, ple, None, lambda projection, _: projection)[1]
+
+
+def eager_attention():
+    return yoco.BackHalfAttention(make_torch_native_backend())
 
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs", fails_before=True)
@@ -113,10 +122,14 @@ def test_a_pass_replays_the_smallest_graph_that_holds_its_rows():
     assert g.can_run(8) and not g.can_run(9)
     for n, bs in ((1, 1), (3, 4), (5, 8), (8, 8)):
         fb = make_batch([3] * n)
-        plan = with_ple(_plan_all(fb), torch.zeros(3 * n, END, PLE, dtype=torch.float64))
-        plan.source, plan.graphs = fb, g
+        rows = yoco.back_half_rows(fb, FIRST_SHARED)
         g.backend.calls.clear()
-        g.replay(plan, torch.zeros(3 * n, HIDDEN, dtype=torch.float64))
+        g.replay(
+            rows,
+            fb,
+            torch.zeros(3 * n, HIDDEN, dtype=torch.float64),
+            torch.zeros(n, END - FIRST_SHARED, PLE, dtype=torch.float64),
+        )
         assert g.backend.calls[-1][0] == bs
 
 
@@ -128,8 +141,8 @@ def test_a_pass_replays_the_smallest_graph_that_holds_its_rows():
         max_size=10,
     )
 )
-def test_graph_replay_equals_the_eager_back_half(monkeypatch, reqs):
-    monkeypatch.setattr(yoco, "get_attn_backend", make_torch_native_backend)
+def test_graph_replay_equals_the_eager_back_half(reqs):
+    attn = eager_attention()
     ext = [e for e, _, _ in reqs]
     pre = [p for _, p, _ in reqs]
     fb = make_batch(ext, pre, [9 if c else 0 for c in (c for _, _, c in reqs)])
@@ -139,41 +152,41 @@ def test_graph_replay_equals_the_eager_back_half(monkeypatch, reqs):
     ple = torch.randn(n_tok, END, PLE, generator=gen, dtype=torch.float64)
     layers = torch.nn.ModuleList(FakeLayer(i) for i in range(END))
 
-    eager = yoco.plan_fast_prefill(fb, FIRST_SHARED)
+    eager = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn)
     if eager is None:  # no request with more than one new token: full pass
-        assert yoco.plan_fast_prefill(fb, FIRST_SHARED, graphs=make_graphs()) is None
+        assert yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn, graphs=make_graphs()) is None
         return
-    want = yoco.run_back_half(layers, with_ple(eager, ple), END, hidden)
+    want = yoco.run_back_half(layers, eager, END, hidden, back_ple(eager, ple))
 
     graphs = make_graphs(layers=layers)
     # stale values from an earlier, larger pass must not leak into this one
     graphs.hidden.fill_(7.0)
     graphs.seq_lens.fill_(99)
-    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, graphs=graphs)
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn, graphs=graphs)
     if eager.num_reqs == 0:
-        assert plan.graphs is None and yoco.run_back_half(layers, plan, END, hidden) is hidden
+        assert plan.graphs is None and yoco.run_back_half(layers, plan, END, hidden, None) is hidden
         return
     if eager.num_reqs > graphs.max_bs:  # more rows than the largest graph: eager
-        assert plan.graphs is None and plan.back_metadata is not None
+        assert plan.graphs is None and plan.batch is not None
         return
     # nothing built before the front half: the graph stages its rows at back-half time
-    assert plan.graphs is graphs and plan.back_metadata is None and plan.batch is None
-    got = yoco.run_back_half(layers, with_ple(plan, ple), END, hidden)
+    assert plan.graphs is graphs and plan.batch is None and plan.pass_batch is fb
+    got = yoco.run_back_half(layers, plan, END, hidden, back_ple(plan, ple))
     assert torch.equal(got, want)
 
     # the replay ran the bucket's graph over padded geometry: one-token rows of slot 0
     n = plan.num_reqs
     bs = next(b for b in graphs.capture_bs if b >= n)
-    seq = plan.seq_lens_cpu
+    seq = list(plan.rows.seq_lens_cpu)
     assert graphs.backend.calls[-1] == (bs, seq + [1] * (bs - n), sum(seq) + bs - n, False)
     assert graphs.req_pool_indices[n:bs].tolist() == [0] * (bs - n)
 
 
-def test_layer_arguments_the_graph_lacks_run_eager(monkeypatch):
-    monkeypatch.setattr(yoco, "get_attn_backend", make_torch_native_backend)
+def test_layer_arguments_reach_the_eager_back_half():
+    """The graphs were captured without extra layer arguments, so a forward with
+    them plans without graphs (the model's call); the eager layers get them."""
     fb = make_batch([5, 3])
-    graphs = make_graphs()
-    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, graphs=graphs)
+    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=eager_attention())
     seen = []
 
     class KwargLayer(FakeLayer):
@@ -184,12 +197,9 @@ def test_layer_arguments_the_graph_lacks_run_eager(monkeypatch):
     layers = torch.nn.ModuleList(KwargLayer(i) for i in range(END))
     hidden = torch.randn(8, HIDDEN, dtype=torch.float64)
     ple = torch.randn(8, END, PLE, dtype=torch.float64)
-    got = yoco.run_back_half(layers, with_ple(plan, ple), END, hidden, extra="x")
-    assert seen == ["x"] * (END - FIRST_SHARED)  # the eager layers got it
-    assert graphs.backend.calls == []  # no replay
-    # built from the pass's batch at back-half time, as the eager plan builds it
-    want = yoco.run_back_half(layers, with_ple(yoco.plan_fast_prefill(fb, FIRST_SHARED), ple), END, hidden)
-    assert plan.batch.batch_size == 2 and torch.equal(got, want)
+    yoco.run_back_half(layers, plan, END, hidden, back_ple(plan, ple), extra="x")
+    assert seen == ["x"] * (END - FIRST_SHARED)
+    assert plan.batch.batch_size == 2
 
 
 @settings(max_examples=30, deadline=None)
@@ -204,9 +214,11 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     ext = [e for e, _ in reqs]
     pre = [p for _, p in reqs]
     fb = make_batch(ext, pre)
+    rows = yoco.back_half_rows(fb, FIRST_SHARED)
     eager_be = make_triton_backend(window)
-    back = yoco.make_back_half_batch(fb, _plan_all(fb), eager_be)
-    want = eager_be.init_back_half_metadata(back, fb.extend_prefix_lens_cpu)["forward_metadata"]
+    back = yoco.make_back_half_batch(fb, rows)
+    eager_be.init_back_half_metadata(back, rows.prefix_lens_cpu)
+    want = eager_be.forward_metadata
 
     graph_be = make_triton_backend(window)
     graph_be.req_to_token = eager_be.req_to_token  # the same cache
@@ -219,11 +231,10 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     n = back.batch_size
     bs = next(b for b in graphs.capture_bs if b >= n)
     graph_be.init_forward_metadata_out_graph(graphs.batches[bs], in_capture=True)
-    plan = _plan_all(fb)
-    plan.source, plan.graphs = fb, graphs
+    plan = yoco.FastPrefillPlan(rows, graphs=graphs, pass_batch=fb)
     hidden = torch.zeros(sum(ext), HIDDEN, dtype=torch.float64)
     ple = torch.zeros(sum(ext), END, PLE, dtype=torch.float64)
-    yoco.run_back_half(graphs.back_half.layers, with_ple(plan, ple), END, hidden)  # stages, replays
+    yoco.run_back_half(graphs.back_half.layers, plan, END, hidden, back_ple(plan, ple))  # stages, replays
     got = graph_be.forward_metadata
 
     for indptr, indices in (("kv_indptr", "kv_indices"), ("window_kv_indptr", "window_kv_indices")):
@@ -233,9 +244,15 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
         assert torch.equal(getattr(got, indices)[:k], getattr(want, indices)[:k]), indices
 
 
-def test_the_model_hands_its_kv_shared_layers_to_the_runner():
-    from sglang.srt.models.gemma4_causal import Gemma4TextModel
+def test_the_model_declares_its_kv_shared_layers():
+    """What the model runner reads through SupportsKVSharingFastPrefill: the
+    KV-shared layers while the flag is on, None otherwise; and what it hands
+    back (the back half's attention and graphs) is what the model plans with."""
+    from sglang.srt.models.gemma4_causal import Gemma4ForCausalLM, Gemma4TextModel
+    from sglang.srt.models.gemma4_mm import Gemma4ForConditionalGeneration
 
+    assert issubclass(Gemma4ForCausalLM, yoco.SupportsKVSharingFastPrefill)
+    assert issubclass(Gemma4ForConditionalGeneration, yoco.SupportsKVSharingFastPrefill)
     layers = torch.nn.ModuleList(FakeLayer(i) for i in range(END))
     text = types.SimpleNamespace(
         layers=layers,
@@ -243,16 +260,14 @@ def test_the_model_hands_its_kv_shared_layers_to_the_runner():
         config=types.SimpleNamespace(hidden_size=HIDDEN),
         hidden_size_per_layer_input=PLE,
         fast_prefill_first_shared_layer=FIRST_SHARED,
-        fast_prefill_graphs=None,
     )
-    handed = []
-    Gemma4TextModel.capture_kv_shared_back_half(text, lambda bh: handed.append(bh) or "graphs")
-    assert handed == [yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE)]
-    assert text.fast_prefill_graphs == "graphs"
-    # flag off: nothing is captured
-    text.fast_prefill_first_shared_layer, text.fast_prefill_graphs = None, None
-    Gemma4TextModel.capture_kv_shared_back_half(text, lambda bh: pytest.fail("captured"))
-    assert text.fast_prefill_graphs is None
+    assert Gemma4TextModel.kv_shared_back_half(text) == yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE)
+    attn, graphs = eager_attention(), make_graphs()
+    Gemma4TextModel.set_back_half_attention(text, attn)
+    Gemma4TextModel.set_back_half_graphs(text, graphs)
+    assert text.fast_prefill_attention is attn and text.fast_prefill_graphs is graphs
+    text.fast_prefill_first_shared_layer = None  # flag off
+    assert Gemma4TextModel.kv_shared_back_half(text) is None
 
 
 def test_captured_batch_is_a_decode_step():
@@ -307,7 +322,7 @@ def test_capture_records_every_batch_size_under_its_own_backend(monkeypatch):
 
     layers = torch.nn.ModuleList(BackendCheck(i) for i in range(END))
     g = kr.KVSharedBackHalfGraphRunner(
-        back_half(layers), backend, [1, 2, 4, 8], torch.float64, "cpu"
+        back_half(layers), yoco.BackHalfAttention(backend), [1, 2, 4, 8], torch.float64, "cpu"
     )
     g.capture()
     assert sorted(g.graphs) == sorted(g.batches) == g.capture_bs == [1, 2, 4, 8]
@@ -330,34 +345,35 @@ def _model_runner(decode_bs, draft=False):
     )
 
 
-def _start_up(monkeypatch, window=15, skip=None):
-    """capture_for's collaborators: the hook's decision, the decode graphs'
-    batch sizes and a new triton backend (a CPU stand-in)."""
-    from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
-
+def _start_up(monkeypatch, window=15):
+    """capture_for's collaborators: the decode graphs' batch sizes and the back
+    half's attention (a CPU stand-in of its triton backend), recording whether
+    its CUDA-graph buffers were made."""
     _fake_cuda_capture(monkeypatch)
-    monkeypatch.setattr(hook, "back_half_graph_skip_reason", lambda server_args: skip)
     monkeypatch.setattr(kr, "get_batch_sizes_to_capture", lambda mr: (mr.decode_bs, []))
     made, be = [], make_triton_backend(window, max_bs=64)
     be.max_context_len, be.is_draft_runner = 256, False
     be.skip_prefill, be.num_draft_tokens = False, None
+    init_cuda_graph_state = be.init_cuda_graph_state
 
-    def new_backend(model_runner):
-        made.append(be)
-        return be
+    def recorded(*args):
+        made.append(args)
+        init_cuda_graph_state(*args)
 
-    monkeypatch.setattr(triton_backend, "TritonAttnBackend", new_backend)
-    return made
+    be.init_cuda_graph_state = recorded
+    return yoco.BackHalfAttention(be), made
 
 
 def test_start_up_captures_at_the_decode_batch_sizes_up_to_the_cap(monkeypatch, caplog):
-    made = _start_up(monkeypatch)
+    attn, made = _start_up(monkeypatch)
     with caplog.at_level("INFO", logger=kr.__name__):
         g = kr.KVSharedBackHalfGraphRunner.capture_for(
-            _model_runner([1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128]), back_half()
+            _model_runner([1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128]), back_half(), attn, None
         )
     assert g.capture_bs == [1, 2, 4, 8, 16, 24, 32, 48, 64] and kr.MAX_BS == 64
-    assert g.backend is made[0] and made[0].sliding_window_size == 15  # the radius W
+    # the eager back half's attention, with CUDA-graph buffers for the largest size
+    assert g.attention is attn and g.backend is attn.backend and made == [(64, 64)]
+    assert attn.backend.sliding_window_size == 15  # the radius W
     assert g.ple.shape == (64, END - FIRST_SHARED, PLE)
     assert "captured for batch sizes [1, 2, 4, 8, 16, 24, 32, 48, 64]" in caplog.text
 
@@ -371,8 +387,10 @@ def test_start_up_captures_at_the_decode_batch_sizes_up_to_the_cap(monkeypatch, 
     ],
 )
 def test_start_up_captures_nothing(monkeypatch, caplog, skip, decode_bs, draft, why):
-    made = _start_up(monkeypatch, skip=skip)
+    attn, made = _start_up(monkeypatch)
     with caplog.at_level("INFO", logger=kr.__name__):
-        g = kr.KVSharedBackHalfGraphRunner.capture_for(_model_runner(decode_bs, draft), back_half())
+        g = kr.KVSharedBackHalfGraphRunner.capture_for(
+            _model_runner(decode_bs, draft), back_half(), attn, skip
+        )
     assert g is None and made == []
     assert f"back half runs eager ({why})" in caplog.text

@@ -26,7 +26,12 @@ HEADS, KV_HEADS, HEAD_DIM, POOL = 2, 1, 32, 2048
 def _check():
     import torch
 
-    from attention_stand_ins import HAS_KV_LOC_PLAN, attach_translator, bind_plan
+    from attention_stand_ins import (
+        HAS_KV_LOC_PLAN,
+        attach_translator,
+        back_half_backend_of,
+        bind_plan,
+    )
 
     from sglang.kernels.ops.attention import extend_attention
     from sglang.kernels.ops.attention.extend_attention import (
@@ -64,7 +69,6 @@ def _check():
     be.dcp_size, be.page_size, be.device = 1, 1, "cpu"
     be.chain_verify = None  # __init__ sets it (split-KV verify off)
     be._translate_kv_loc = None
-    be._back_half_index_buffers = None  # as __init__ leaves it
     be.enable_deterministic = True
     be.extend_attention_fwd_unified = extend_attention_fwd_unified
     be.build_unified_kv_indices = build_unified_kv_indices
@@ -101,7 +105,7 @@ def _check():
     bind_plan(be, fb)
     q = torch.randn(n, HEADS * HEAD_DIM, generator=g)
 
-    def attend(batch, rows, window):
+    def attend(be, batch, rows, window):
         layer = types.SimpleNamespace(
             sliding_window_size=window, layer_id=0, tp_q_head_num=HEADS,
             qk_head_dim=HEAD_DIM, v_head_dim=HEAD_DIM, k_scale=None, v_scale=None,
@@ -113,21 +117,22 @@ def _check():
 
     out = {}
     be.init_forward_metadata(fb)  # the full pass
-    full = {w: attend(fb, torch.arange(n), w) for w in (WINDOW, -1)}
-    yoco.get_attn_backend = lambda: be
-    plan = yoco.plan_fast_prefill(fb, first_shared_layer=1)
-    rows = plan.token_index
-    with be.use_back_half_metadata(plan.back_metadata):
-        for w, name in ((WINDOW, "sliding"), (-1, "full")):
-            back = attend(plan.batch, rows, w)
-            out[name] = [torch.equal(back[i], full[w][r]) for i, r in enumerate(rows)]
+    full = {w: attend(be, fb, torch.arange(n), w) for w in (WINDOW, -1)}
+    back_be = back_half_backend_of(be)
+    plan = yoco.plan_fast_prefill(
+        fb, first_shared_layer=1, attention=yoco.BackHalfAttention(back_be)
+    )
+    rows = plan.rows.token_index
+    for w, name in ((WINDOW, "sliding"), (-1, "full")):
+        back = attend(back_be, plan.batch, rows, w)
+        out[name] = [torch.equal(back[i], full[w][r]) for i, r in enumerate(rows)]
     out["back_half_mode"] = plan.batch.forward_mode.name
     # Control: the window triton builds for a one-token extend on its own, on
     # 0.5.23 with its window lists not padded to tiles.
     if HAS_KV_LOC_PLAN:
-        be.align_window_kv_to_tiles = lambda *args: (None, None)
-    be.init_forward_metadata(plan.batch)
-    stock = attend(plan.batch, rows, WINDOW)
+        back_be.align_window_kv_to_tiles = lambda *args: (None, None)
+    back_be.init_forward_metadata(plan.batch)
+    stock = attend(back_be, plan.batch, rows, WINDOW)
     out["stock_window"] = [torch.equal(stock[i], full[WINDOW][r]) for i, r in enumerate(rows)]
     return out
 

@@ -200,7 +200,7 @@ def _cap_breakable_prefill_graph(server_args: ServerArgs, min_tokens: int) -> bo
         pinned = {(Phase.PREFILL, "bs"), (Phase.PREFILL, "max_bs")}
         log = (
             logger.warning
-            if pinned & server_args._cuda_graph_config_locked
+            if pinned & settings.explicit_cuda_graph_settings(server_args)
             else logger.info
         )
         log(
@@ -229,7 +229,7 @@ def _handle_prefill_cuda_graph(server_args: ServerArgs, min_tokens: int) -> None
         return
     if _cap_breakable_prefill_graph(server_args, min_tokens):
         return
-    if (Phase.PREFILL, "backend") in server_args._cuda_graph_config_locked:
+    if (Phase.PREFILL, "backend") in settings.explicit_cuda_graph_settings(server_args):
         raise ValueError(
             f"{FLAG} cannot keep the prefill CUDA graph (backend {backend!r}) "
             f"that was set explicitly: it keeps only a {Backend.BREAKABLE!r} one, "

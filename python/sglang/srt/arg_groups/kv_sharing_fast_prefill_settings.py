@@ -49,6 +49,12 @@ def cuda_graph_config(server_args: Any) -> Any:
     return server_args.cuda_graph_config
 
 
+def explicit_cuda_graph_settings(server_args: Any) -> Any:
+    """The (phase, field) CUDA graph settings given explicitly (by a flag or
+    --cuda-graph-config), which resolution keeps as given."""
+    return server_args._cuda_graph_config_locked
+
+
 def prefill_capture_sizes(server_args: Any, max_bs: int) -> List[int]:
     """The prefill CUDA graph's default capture sizes up to ``max_bs`` tokens."""
     return server_args._generate_prefill_cuda_graph_batch_sizes(max_bs)

@@ -5,22 +5,27 @@ and attend over the cache of an earlier layer. In a prefill, the only output of
 those layers anybody reads is the last token of each request (it is sampled;
 nothing else is cached). So the back half runs on one token per request:
 
-  1. ``plan_fast_prefill`` decides per forward pass whether that is safe and
-     useful, and picks the rows (last token of each request whose prefill ends
-     in this pass; an unfinished chunk needs no back-half output at all).
-  2. ``make_back_half_batch`` shapes the back half as one decode step per
-     request (its query attends over the whole sequence, which the front half
-     already cached), or as an extend of that one token where the backend's
-     ``back_half_is_extend()`` says its decode kernel would round differently.
-     The backend builds that metadata (``init_back_half_metadata``) before the
-     front half is launched and makes it current for the KV-shared layers only
-     (``use_back_half_metadata``); the pass's own metadata is left intact.
-     Where the model captured its back half at start-up (triton with CUDA
-     graphs, ``KVSharedBackHalfGraphRunner``), the decode-shaped step replays
-     that graph instead; its rows and metadata (in the graph's own backend)
-     are staged when the back half starts, not before layer 0.
+  1. ``plan_fast_prefill`` decides once per forward pass whether that is safe
+     and useful, and picks the rows (last token of each request whose prefill
+     ends in this pass; an unfinished chunk needs no back-half output at all).
+     Its ``FastPrefillPlan`` is immutable.
+  2. The back half attends in a context of its own, ``BackHalfAttention``: an
+     attention backend instance of the pass's kind, built once by the model
+     runner (as each draft step of a multi-step draft backend has its own),
+     whose metadata describes the back half's rows only. ``make_back_half_batch``
+     builds those rows' batch from the pass's host lists and index selects: one
+     decode step per request (its query attends over the whole sequence, which
+     the front half already cached), or an extend of that one token where the
+     backend's ``back_half_is_extend()`` says its decode kernel would round
+     differently. The KV-shared layers run under a forward context whose
+     backend is that one, so neither the pass's backend nor its ForwardBatch is
+     written.
   3. The model scatters the rows back, so the final norm, LogitsProcessor and
      LAST hidden capture see exactly what the full computation produces there.
+
+Rows are gathered and scattered along the token dimension of hidden states of
+any leading shape (``token_dim``), so a model that carries several streams per
+token (``[streams, tokens, hidden]``) passes them through unchanged.
 
 Gemma-4's per-layer inputs (PLE) are computed before layer 0 for every layer;
 ``per_layer_inputs_for_plan`` finishes the back half's layers' share for its
@@ -32,22 +37,32 @@ writes nothing.
 
 from __future__ import annotations
 
-import copy
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from sglang.srt.layers.kv_sharing_fast_prefill_rows import (
+    bind_back_half_backend,
     bind_back_half_batch,
     call_layer,
     rows_entering_layers,
 )
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.model_executor.forward_context import get_attn_backend
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_context import (
+    ForwardContext,
+    forward_context,
+    get_forward_context,
+    has_forward_context,
+)
 
 if TYPE_CHECKING:
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.model_executor.runner.kv_shared_back_half_graph_runner import (
+        KVSharedBackHalfGraphRunner,
+    )
+    from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -60,32 +75,89 @@ def first_kv_shared_layer(config) -> Optional[int]:
     return config.num_hidden_layers - num_shared
 
 
-@dataclass
-class FastPrefillPlan:
-    """What the back half of one forward pass runs on."""
+class BackHalfAttention:
+    """The attention context of the KV-shared back half.
+
+    It owns an attention backend of the pass's kind, separate from the pass's
+    (``AttentionBackend.make_back_half_backend``): its metadata describes the
+    back half's rows, and the layers of the back half find it through the
+    forward context. Eager passes build that metadata per pass
+    (``prepare``); the back half's CUDA graphs capture with the same backend.
+    """
+
+    def __init__(self, backend: AttentionBackend):
+        self.backend = backend
+        self.extend_shaped = backend.back_half_is_extend()
+
+    @classmethod
+    def for_model_runner(cls, model_runner: ModelRunner) -> BackHalfAttention:
+        backend = model_runner.attn_backend.make_back_half_backend(model_runner)
+        bind_back_half_backend(model_runner, backend)
+        return cls(backend)
+
+    def prepare(self, forward_batch: ForwardBatch, rows: BackHalfRows) -> ForwardBatch:
+        """The back half's batch for ``rows`` of pass ``forward_batch``, with its
+        metadata current in this context's backend."""
+        batch = make_back_half_batch(forward_batch, rows, self.extend_shaped)
+        bind_back_half_batch(self.backend, batch)
+        self.backend.init_back_half_metadata(batch, rows.prefix_lens_cpu)
+        return batch
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Attention inside the block runs on this context's backend."""
+        ctx = (
+            replace(get_forward_context(), attn_backend=self.backend)
+            if has_forward_context()
+            else ForwardContext(attn_backend=self.backend)
+        )
+        with forward_context(ctx):
+            yield
+
+
+@dataclass(frozen=True)
+class BackHalfRows:
+    """Which rows of a pass the back half runs on."""
 
     first_shared_layer: int
     # Rows (into the pass's token dimension) of the tokens the back half runs on.
     token_index: torch.Tensor
-    # Requests (into the batch) those rows belong to, and their count.
+    # Requests (into the batch) those rows belong to.
     req_index: torch.Tensor
-    num_reqs: int
     # Host copies, so building the back-half batch never syncs the device.
-    seq_lens_cpu: List[int]
+    seq_lens_cpu: Tuple[int, ...]
     # The pass's cached prefix of each kept request (where its keys start).
-    prefix_lens_cpu: List[int]
-    # The back-half batch (decode- or extend-shaped) and its attention
-    # metadata, built before the front half is launched (eager back half).
+    prefix_lens_cpu: Tuple[int, ...]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+@dataclass(frozen=True)
+class FastPrefillPlan:
+    """How one forward pass runs its back half. Exactly one of ``batch`` (eager,
+    in ``attention``) and ``graphs`` is set, or neither when no request
+    finishes in the pass."""
+
+    rows: BackHalfRows
+    attention: Optional[BackHalfAttention] = None
+    # The back half's own batch (decode- or extend-shaped), whose metadata
+    # ``attention`` holds: built before the front half is launched.
     batch: Optional[ForwardBatch] = None
-    back_metadata: Optional[dict] = None
-    # The model's captured back half (KVSharedBackHalfGraphRunner) that runs
-    # these rows, or None: eager, with back_metadata.
-    graphs: Optional[object] = None
-    # The pass's batch, from which the graphs stage their rows at back-half time.
-    source: Optional[ForwardBatch] = None
-    # Per-layer inputs (Gemma-4 PLE) of the back half's layers for its rows,
-    # [num_reqs, layers from first_shared_layer, dim] (per_layer_inputs_for_plan).
-    back_per_layer_inputs: Optional[torch.Tensor] = None
+    # The model's captured back half, which stages its rows from the pass's
+    # batch (read only) when the back half starts (the host runs ahead of the
+    # GPU there), not before layer 0.
+    graphs: Optional[KVSharedBackHalfGraphRunner] = None
+    pass_batch: Optional[ForwardBatch] = None
+
+    @property
+    def first_shared_layer(self) -> int:
+        return self.rows.first_shared_layer
+
+    @property
+    def num_reqs(self) -> int:
+        return self.rows.num_reqs
 
 
 def fast_prefill_skip_reason(
@@ -171,16 +243,36 @@ def last_token_rows(
     return [starts[i] + extend_seq_lens_cpu[i] - 1 for i in reqs]
 
 
+def back_half_rows(
+    forward_batch: ForwardBatch, first_shared_layer: int
+) -> BackHalfRows:
+    """The last token of each request whose prefill ends in ``forward_batch``."""
+    seq_cpu = _seq_lens_cpu(forward_batch)
+    extend_lens = forward_batch.extend_seq_lens_cpu
+    reqs = _finishing_requests(forward_batch, seq_cpu)
+    rows = last_token_rows(extend_lens, reqs)
+    device = forward_batch.seq_lens.device
+    return BackHalfRows(
+        first_shared_layer=first_shared_layer,
+        token_index=torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+        req_index=torch.tensor(reqs, dtype=torch.int64).to(device, non_blocking=True),
+        seq_lens_cpu=tuple(seq_cpu[i] for i in reqs),
+        prefix_lens_cpu=tuple(seq_cpu[i] - extend_lens[i] for i in reqs),
+    )
+
+
 def plan_fast_prefill(
     forward_batch: ForwardBatch,
     first_shared_layer: Optional[int],
     layers_to_capture: Sequence[int] = (),
     pp_size: int = 1,
     min_tokens: int = 0,
-    graphs=None,
+    attention: Optional[BackHalfAttention] = None,
+    graphs: Optional[KVSharedBackHalfGraphRunner] = None,
 ) -> Optional[FastPrefillPlan]:
-    """The back-half plan for this pass, or None to run every layer on every token.
-    ``graphs``: the model's captured back half, used when it holds the rows."""
+    """The back-half plan for this pass, or None to run every layer on every
+    token. ``attention``: the model's back-half attention context (eager);
+    ``graphs``: its captured back half, used when it holds the rows."""
     reason = fast_prefill_skip_reason(
         forward_batch, first_shared_layer, layers_to_capture, pp_size, min_tokens
     )
@@ -188,88 +280,84 @@ def plan_fast_prefill(
         if first_shared_layer is not None and forward_batch.forward_mode.is_extend():
             logger.debug("KV-sharing fast prefill: full pass (%s)", reason)
         return None
-    seq_cpu = _seq_lens_cpu(forward_batch)
-    extend_lens = forward_batch.extend_seq_lens_cpu
-    reqs = _finishing_requests(forward_batch, seq_cpu)
-    rows = last_token_rows(extend_lens, reqs)
-    device = forward_batch.seq_lens.device
+    rows = back_half_rows(forward_batch, first_shared_layer)
     logger.debug(
         "KV-sharing fast prefill: back half on %d of %d tokens (%s)",
-        len(rows),
-        sum(extend_lens),
+        rows.num_reqs,
+        sum(forward_batch.extend_seq_lens_cpu),
         forward_batch.forward_mode.name,
     )
-    plan = FastPrefillPlan(
-        first_shared_layer=first_shared_layer,
-        token_index=torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
-        req_index=torch.tensor(reqs, dtype=torch.int64).to(device, non_blocking=True),
-        num_reqs=len(reqs),
-        seq_lens_cpu=[seq_cpu[i] for i in reqs],
-        prefix_lens_cpu=[seq_cpu[i] - extend_lens[i] for i in reqs],
+    if rows.num_reqs == 0:
+        return FastPrefillPlan(rows)
+    if graphs is not None and graphs.can_run(rows.num_reqs):
+        # Captured only where the back half is decode-shaped.
+        return FastPrefillPlan(rows, graphs=graphs, pass_batch=forward_batch)
+    if attention is None:
+        raise RuntimeError(
+            "--kv-sharing-fast-prefill: the model's back-half attention was not "
+            "set up (SupportsKVSharingFastPrefill.set_back_half_attention)"
+        )
+    return FastPrefillPlan(
+        rows, attention=attention, batch=attention.prepare(forward_batch, rows)
     )
-    if plan.num_reqs > 0:
-        backend = get_attn_backend()
-        if graphs is not None and graphs.can_run(plan.num_reqs):
-            # Captured only where the back half is decode-shaped. The graph
-            # stages its rows and metadata when the back half starts, where the
-            # host runs ahead of the GPU, not here, where layer 0 waits on it.
-            plan.graphs, plan.source = graphs, forward_batch
-            return plan
-        plan.batch = make_back_half_batch(
-            forward_batch, plan, backend, extend_shaped=backend.back_half_is_extend()
-        )
-        plan.back_metadata = backend.init_back_half_metadata(
-            plan.batch, plan.prefix_lens_cpu
-        )
-    return plan
 
 
 def make_back_half_batch(
-    forward_batch: ForwardBatch,
-    plan: FastPrefillPlan,
-    backend,
-    extend_shaped: bool = False,
+    forward_batch: ForwardBatch, rows: BackHalfRows, extend_shaped: bool = False
 ) -> ForwardBatch:
-    """A shallow copy of the batch shaped as one decode step per kept request.
+    """The back half's own batch: one decode step per kept request.
 
     The back half attends from each request's last token over its whole
     sequence, already cached by the front half: exactly a decode step with no
     KV write, so decode metadata (split-KV kernels) serves it. With
     ``extend_shaped``, an extend of that one token over a cached prefix of
-    seq_len - 1 instead (same attention, extend kernels)."""
-    ridx, rows = plan.req_index, plan.token_index
-    fb = copy.copy(forward_batch)
-    fb.forward_mode = ForwardMode.EXTEND if extend_shaped else ForwardMode.DECODE
-    fb.batch_size = plan.num_reqs
-    fb.req_pool_indices = forward_batch.req_pool_indices.index_select(0, ridx)
-    fb.seq_lens = forward_batch.seq_lens.index_select(0, ridx)
-    fb.seq_lens_cpu = torch.tensor(plan.seq_lens_cpu, dtype=torch.int64)
-    fb.seq_lens_sum = sum(plan.seq_lens_cpu)
-    if forward_batch.orig_seq_lens is not None:
-        fb.orig_seq_lens = forward_batch.orig_seq_lens.index_select(0, ridx)
-    fb.orig_seq_lens_cpu = None  # the pass's requests, not the kept ones
-    fb.out_cache_loc = forward_batch.out_cache_loc.index_select(0, rows)
-    fb.positions = forward_batch.positions.index_select(0, rows)
-    if forward_batch.input_ids is not None:
-        fb.input_ids = forward_batch.input_ids.index_select(0, rows)
-    fb.extend_num_tokens = None
-    fb.extend_seq_lens = fb.extend_prefix_lens = fb.extend_start_loc = None
-    fb.extend_seq_lens_cpu = fb.extend_prefix_lens_cpu = None
-    fb.extend_logprob_start_lens_cpu = None
-    fb.spec_info = None
-    fb.return_logprob = False
-    fb._attn_output = None  # sized for the full pass
+    seq_len - 1 instead (same attention, extend kernels). Built from the pass's
+    host lists and index selects; the pass's batch is only read."""
+    ridx, tok = rows.req_index, rows.token_index
+    n = rows.num_reqs
+    seq_lens = forward_batch.seq_lens.index_select(0, ridx)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.EXTEND if extend_shaped else ForwardMode.DECODE,
+        batch_size=n,
+        input_ids=(
+            forward_batch.input_ids.index_select(0, tok)
+            if forward_batch.input_ids is not None
+            else None
+        ),
+        req_pool_indices=forward_batch.req_pool_indices.index_select(0, ridx),
+        seq_lens=seq_lens,
+        out_cache_loc=forward_batch.out_cache_loc.index_select(0, tok),
+        seq_lens_sum=sum(rows.seq_lens_cpu),
+        seq_lens_cpu=torch.tensor(rows.seq_lens_cpu, dtype=torch.int64),
+        positions=forward_batch.positions.index_select(0, tok),
+    )
     if extend_shaped:
-        n = plan.num_reqs
         lens = forward_batch.extend_seq_lens
         fb.extend_num_tokens = n
         fb.extend_seq_lens = torch.ones(n, dtype=lens.dtype, device=lens.device)
-        fb.extend_prefix_lens = (fb.seq_lens - 1).to(lens.dtype)
+        fb.extend_prefix_lens = (seq_lens - 1).to(lens.dtype)
         fb.extend_start_loc = torch.arange(n, dtype=lens.dtype, device=lens.device)
         fb.extend_seq_lens_cpu = [1] * n
-        fb.extend_prefix_lens_cpu = [s - 1 for s in plan.seq_lens_cpu]
-    bind_back_half_batch(backend, fb)
+        fb.extend_prefix_lens_cpu = [s - 1 for s in rows.seq_lens_cpu]
     return fb
+
+
+def gather_rows(
+    hidden_states: torch.Tensor, index: torch.Tensor, token_dim: int = 0
+) -> torch.Tensor:
+    """The rows ``index`` of the token dimension, whatever leads or follows it."""
+    return hidden_states.index_select(token_dim, index)
+
+
+def scatter_rows(
+    hidden_states: torch.Tensor,
+    index: torch.Tensor,
+    rows: torch.Tensor,
+    token_dim: int = 0,
+) -> torch.Tensor:
+    """``hidden_states`` with the rows ``index`` of the token dimension replaced
+    by ``rows`` (out of place: the input may also be a captured aux state)."""
+    return hidden_states.index_copy(token_dim, index, rows)
 
 
 def per_layer_inputs_for_plan(
@@ -277,8 +365,9 @@ def per_layer_inputs_for_plan(
     projection: torch.Tensor,
     per_layer_inputs: Optional[torch.Tensor],
     combine: Callable,
-) -> torch.Tensor:
-    """Gemma-4's per-layer inputs for a fast-prefill pass.
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Gemma-4's per-layer inputs for a fast-prefill pass: (the front layers'
+    for every row, the back half's layers' for the plan's rows, or None).
 
     ``projection`` [tokens, layers, dim] is the model's projection GEMM as the
     full pass computes it (every row, every layer: a GEMM of another shape could
@@ -286,24 +375,24 @@ def per_layer_inputs_for_plan(
     each ``dim``-wide vector, the sum with the token's own per-layer embedding
     (``per_layer_inputs``, same layout, or None). Each value of it depends only
     on its own vector, so it runs for the front layers on every row and for the
-    back half's layers on the plan's rows only, with the full pass's bits.
-    Returns the front layers' inputs; the back half's go to the plan."""
+    back half's layers on the plan's rows only, with the full pass's bits."""
     first = plan.first_shared_layer
     front = combine(
         projection[:, :first],
         per_layer_inputs[:, :first] if per_layer_inputs is not None else None,
     )
-    if plan.num_reqs:
-        rows = plan.token_index
-        plan.back_per_layer_inputs = combine(
-            projection[:, first:].index_select(0, rows),
-            (
-                per_layer_inputs[:, first:].index_select(0, rows)
-                if per_layer_inputs is not None
-                else None
-            ),
-        )
-    return front
+    if not plan.num_reqs:
+        return front, None
+    rows = plan.rows.token_index
+    back = combine(
+        gather_rows(projection[:, first:], rows),
+        (
+            gather_rows(per_layer_inputs[:, first:], rows)
+            if per_layer_inputs is not None
+            else None
+        ),
+    )
+    return front, back
 
 
 def run_layers(
@@ -334,7 +423,7 @@ def run_layers(
         return h
 
 
-@dataclass
+@dataclass(frozen=True)
 class KVSharedBackHalf:
     """A model's KV-shared layers, as its back-half CUDA graphs capture them."""
 
@@ -355,38 +444,54 @@ class KVSharedBackHalf:
         )
 
 
+class SupportsKVSharingFastPrefill:
+    """A model whose prefill can run its KV-shared layers on each finishing
+    request's last token only (--kv-sharing-fast-prefill). The model runner
+    asks it for its back half and hands it the back half's attention context
+    and, where captured, graphs."""
+
+    def kv_shared_back_half(self) -> Optional[KVSharedBackHalf]:
+        """Its KV-shared layers, or None where the fast prefill is off."""
+        raise NotImplementedError
+
+    def set_back_half_attention(self, attention: BackHalfAttention) -> None:
+        raise NotImplementedError
+
+    def set_back_half_graphs(
+        self, graphs: Optional[KVSharedBackHalfGraphRunner]
+    ) -> None:
+        raise NotImplementedError
+
+
 def run_back_half(
     layers,
     plan: FastPrefillPlan,
     end_layer: int,
     hidden_states: torch.Tensor,
+    per_layer_inputs: Optional[torch.Tensor],
+    token_dim: int = 0,
     **kwargs,
 ) -> torch.Tensor:
-    """Run layers [first_shared_layer, end_layer) on the planned rows only, with
-    the plan's batch (positions, metadata) and per-layer inputs, and return
-    ``hidden_states`` with those rows replaced (out of place: the input may also
-    be a captured aux hidden state)."""
+    """Run layers [first_shared_layer, end_layer) on the planned rows only,
+    with the back half's per-layer inputs, and return ``hidden_states`` with
+    those rows replaced along ``token_dim``."""
     if plan.num_reqs == 0:
         return hidden_states
-    rows = plan.token_index
+    index = plan.rows.token_index
     if plan.graphs is not None:
-        if not kwargs:
-            h = plan.graphs.replay(plan, hidden_states)
-            return hidden_states.index_copy(0, rows, h)
-        # The graphs were captured without these layer arguments: run eager.
-        backend = get_attn_backend()
-        plan.batch = make_back_half_batch(plan.source, plan, backend)
-        plan.back_metadata = backend.init_back_half_metadata(
-            plan.batch, plan.prefix_lens_cpu
+        # Gathers straight into the graph's input buffer.
+        h = plan.graphs.replay(
+            plan.rows, plan.pass_batch, hidden_states, per_layer_inputs
         )
-    with get_attn_backend().use_back_half_metadata(plan.back_metadata):
-        h = run_layers(
-            layers,
-            plan.first_shared_layer,
-            end_layer,
-            plan.batch,
-            hidden_states.index_select(0, rows),
-            plan.back_per_layer_inputs,
-            **kwargs,
-        )
-    return hidden_states.index_copy(0, rows, h)
+    else:
+        with plan.attention.active():
+            h = run_layers(
+                layers,
+                plan.first_shared_layer,
+                end_layer,
+                plan.batch,
+                gather_rows(hidden_states, index, token_dim),
+                per_layer_inputs,
+                **kwargs,
+            )
+    return scatter_rows(hidden_states, index, h, token_dim)

@@ -2,10 +2,11 @@
 
 The back half (``kv_sharing_fast_prefill``) runs the model's KV-shared layers on
 a subset of the pass's rows, with a batch of its own. What that takes depends on
-how this release's decoder layers and batches work; the rest of the fast prefill
-does not. Here a decoder layer returns ``(hidden_states, residual)``, with the
-residual fused inside the layer, and a batch reads the KV cache through its own
-``req_pool_indices``.
+how this release's decoder layers, batches and backends work; the rest of the
+fast prefill does not. Here a decoder layer returns ``(hidden_states,
+residual)``, with the residual fused inside the layer, a batch reads the KV
+cache through its own ``req_pool_indices``, and a backend takes what it reads
+from the model runner when it is built.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ import torch
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+
+def bind_back_half_backend(model_runner: ModelRunner, backend: AttentionBackend) -> None:
+    """Bind the back half's own backend to the runner's state: its
+    construction already did, nothing else is bound to a backend here."""
 
 
 def bind_back_half_batch(backend: AttentionBackend, forward_batch: ForwardBatch) -> None:

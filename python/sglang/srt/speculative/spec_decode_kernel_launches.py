@@ -20,6 +20,14 @@ from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_u
 from sglang.kernels.ops.speculative.eagle import fill_bonus_tokens
 
 
+def both_alignments(n: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two ``n``-element tensors, one 16-byte-aligned and one offset by one
+    element: the allocator hands out slices of its free list, so the round
+    sees either (the warm-up of ``assign_req_to_token_pool`` uses it too)."""
+    buf = torch.zeros(n + 1, dtype=dtype, device=device)
+    return buf[:n], buf[1:]
+
+
 def launch_verify_kernels(
     req_to_token: torch.Tensor,
     configs: Iterable[tuple[int, int]],
@@ -29,15 +37,12 @@ def launch_verify_kernels(
     reads row 0 into a scratch tensor, so ``req_to_token`` is not written.
     ``topk`` does not change what these kernels compile: every tree width
     commits through ``fill_bonus_tokens`` with the chain's stride."""
-    # Imported here: spec_decode_kernel_warmup imports this module.
-    from sglang.srt.speculative.spec_decode_kernel_warmup import _both_alignments
-
     device = req_to_token.device
     pool_len = req_to_token.shape[1]
     one_index = torch.zeros(1, dtype=torch.int64, device=device)
     for steps, draft_tokens in configs:
         # As eagle_prepare_for_verify: start offsets are batch.seq_lens (int64).
-        for start in _both_alignments(1, torch.int64, device):
+        for start in both_alignments(1, torch.int64, device):
             scratch = torch.empty(draft_tokens, dtype=torch.int64, device=device)
             assign_extend_cache_locs_uniform[(1,)](
                 one_index, req_to_token, start, scratch, pool_len, draft_tokens

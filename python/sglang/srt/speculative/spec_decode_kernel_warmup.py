@@ -25,7 +25,10 @@ from typing import Iterable
 
 import torch
 from sglang.srt.mem_cache.allocation import assign_req_to_token_pool
-from sglang.srt.speculative.spec_decode_kernel_launches import launch_verify_kernels
+from sglang.srt.speculative.spec_decode_kernel_launches import (
+    both_alignments,
+    launch_verify_kernels,
+)
 from sglang.srt.utils import is_cuda, is_hip, next_power_of_2
 
 logger = logging.getLogger(__name__)
@@ -46,14 +49,6 @@ def step_configs(worker) -> list[tuple[int, int]]:
     return sorted(configs)
 
 
-def _both_alignments(n: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    # One 16-byte-aligned buffer and one offset by one element: the allocator
-    # hands out slices of its free list, so the round sees either. The
-    # verify-side launches use it too.
-    buf = torch.zeros(n + 1, dtype=dtype, device=device)
-    return buf[:n], buf[1:]
-
-
 def launch_spec_decode_kernels(
     req_to_token: torch.Tensor,
     batch_sizes: Iterable[int],
@@ -71,7 +66,7 @@ def launch_spec_decode_kernels(
         # int32 kv lengths (eagle_prepare_for_decode).
         indices = torch.zeros(bs, dtype=torch.int64, device=device)
         lens = torch.zeros(bs, dtype=torch.int32, device=device)
-        for out_cache_loc in _both_alignments(1, torch.int64, device):
+        for out_cache_loc in both_alignments(1, torch.int64, device):
             assign_req_to_token_pool[(bs,)](
                 indices, req_to_token, lens, lens, out_cache_loc, pool_len, bs
             )

@@ -9,14 +9,14 @@ batch size at start-up and replayed.
 
 A graph runs the step the eager back half runs
 (``kv_sharing_fast_prefill.make_back_half_batch``): one query per request over
-its whole cached sequence, no KV write. It reads its metadata from a triton
-backend of its own with its own CUDA-graph buffers, so neither the pass's
-metadata nor the decode graphs' buffers are written; its decode metadata keeps
-the W + 1 sliding-window keys that the pass's extend kernel lets the token
-attend.
+its whole cached sequence, no KV write, in the same attention context
+(``BackHalfAttention``: the back half's own backend), here with that backend's
+CUDA-graph buffers, so neither the pass's metadata nor the decode graphs'
+buffers are written; its decode metadata keeps the W + 1 sliding-window keys
+that the pass's extend kernel lets the token attend.
 
-The model owns the layers and the runner it replays (``capture_for`` is handed
-to the model, which hands over its ``KVSharedBackHalf``). This is not a
+The model runner decides whether to capture (``capture_for``'s
+``skip_reason``) and hands the runner to the model, which replays it. This is not a
 ``BaseCudaGraphRunner``: that base drives a whole model forward over its input
 buffers, this a slice of layers over hidden-state rows; it reuses the base's
 helpers (bucket padding, GC freezing, ``graph_capture``). Its graph pool is its
@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 import torch
 from sglang.srt.layers.kv_sharing_fast_prefill_rows import bind_back_half_batch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
     BaseCudaGraphRunner,
     freeze_gc,
@@ -42,7 +41,8 @@ from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
 
 if TYPE_CHECKING:
     from sglang.srt.layers.kv_sharing_fast_prefill import (
-        FastPrefillPlan,
+        BackHalfAttention,
+        BackHalfRows,
         KVSharedBackHalf,
     )
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -62,7 +62,7 @@ class KVSharedBackHalfGraphRunner:
     def __init__(
         self,
         back_half: KVSharedBackHalf,
-        backend,
+        attention: BackHalfAttention,
         capture_bs: List[int],
         dtype: torch.dtype,
         device,
@@ -71,7 +71,8 @@ class KVSharedBackHalfGraphRunner:
         self.first, self.end = back_half.first_layer, back_half.end_layer
         self.capture_bs = sorted(capture_bs)
         self.max_bs = self.capture_bs[-1]
-        self.backend = backend
+        self.attention = attention
+        backend = self.backend = attention.backend
         n, dev = self.max_bs, device
         self.hidden = torch.zeros(n, back_half.hidden_size, dtype=dtype, device=dev)
         dim = back_half.per_layer_input_dim
@@ -92,16 +93,16 @@ class KVSharedBackHalfGraphRunner:
 
     @classmethod
     def capture_for(
-        cls, model_runner: ModelRunner, back_half: KVSharedBackHalf
+        cls,
+        model_runner: ModelRunner,
+        back_half: KVSharedBackHalf,
+        attention: BackHalfAttention,
+        skip_reason: Optional[str],
     ) -> Optional[KVSharedBackHalfGraphRunner]:
-        """The captured back half, or None where it runs eager (logged); the
-        start-up decision is the server-arg hook's, which set min-tokens by it."""
-        from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
-            back_half_graph_skip_reason,
-        )
-        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-        reason = back_half_graph_skip_reason(model_runner.server_args)
+        """The back half captured in ``attention`` (its backend is triton), or
+        None where it runs eager (logged). ``skip_reason``: the start-up
+        decision (None: capture), by which min-tokens was resolved."""
+        reason = skip_reason
         if reason is None and model_runner.is_draft_worker:
             reason = "draft worker"
         if reason is not None:
@@ -117,10 +118,9 @@ class KVSharedBackHalfGraphRunner:
                 MAX_BS,
             )
             return None
-        backend = TritonAttnBackend(model_runner)
-        backend.init_cuda_graph_state(max(capture_bs), max(capture_bs))
+        attention.backend.init_cuda_graph_state(max(capture_bs), max(capture_bs))
         runner = cls(
-            back_half, backend, capture_bs, model_runner.dtype, model_runner.device
+            back_half, attention, capture_bs, model_runner.dtype, model_runner.device
         )
         runner.capture(model_runner.server_args.enable_cudagraph_gc)
         logger.info(
@@ -154,9 +154,8 @@ class KVSharedBackHalfGraphRunner:
 
         # A pool of its own (a few MB): see the module docstring.
         pool = torch.cuda.graph_pool_handle()
-        ctx = ForwardContext(attn_backend=self.backend)
         with torch.no_grad(), freeze_gc(enable_cudagraph_gc), graph_capture() as gc:
-            with forward_context(ctx):
+            with self.attention.active():
                 # Large first: the small ones reuse its memory.
                 for bs in reversed(self.capture_bs):
                     fb = self._batch(bs)
@@ -176,15 +175,21 @@ class KVSharedBackHalfGraphRunner:
         return num_reqs <= self.max_bs
 
     def replay(
-        self, plan: FastPrefillPlan, hidden_states: torch.Tensor
+        self,
+        plan_rows: BackHalfRows,
+        src: ForwardBatch,
+        hidden_states: torch.Tensor,
+        per_layer_inputs: Optional[torch.Tensor],
     ) -> torch.Tensor:
-        """The back-half rows of ``plan``, computed by the graph of its size."""
-        n = plan.num_reqs
+        """The back half on ``plan_rows`` of pass ``src`` (``hidden_states``:
+        the pass's; ``per_layer_inputs``: the rows'), by the graph of its size.
+        Only this runner's buffers and backend are written."""
+        n = plan_rows.num_reqs
         bs = BaseCudaGraphRunner._pad_to_bucket(n, self.capture_bs)
-        rows, reqs, src = plan.token_index, plan.req_index, plan.source
+        rows, reqs = plan_rows.token_index, plan_rows.req_index
         torch.index_select(hidden_states, 0, rows, out=self.hidden[:n])
         if self.ple is not None:
-            self.ple[:n].copy_(plan.back_per_layer_inputs)
+            self.ple[:n].copy_(per_layer_inputs)
         # Each kept request's last token: a decode step's geometry.
         self.positions[:n].copy_(src.positions.index_select(0, rows))
         self.req_pool_indices[:n].copy_(src.req_pool_indices.index_select(0, reqs))
@@ -196,7 +201,7 @@ class KVSharedBackHalfGraphRunner:
             self.seq_lens[n:bs].fill_(self.seq_len_fill)
             self.positions[n:bs].zero_()
         fb = self.batches[bs]
-        seq_cpu: List[int] = list(plan.seq_lens_cpu) + [self.seq_len_fill] * pad
+        seq_cpu: List[int] = list(plan_rows.seq_lens_cpu) + [self.seq_len_fill] * pad
         fb.seq_lens_sum = sum(seq_cpu)
         fb.seq_lens_cpu = torch.tensor(seq_cpu, dtype=torch.int64)
         bind_back_half_batch(self.backend, fb)  # this pass's rows

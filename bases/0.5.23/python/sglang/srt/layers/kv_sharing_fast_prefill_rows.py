@@ -2,10 +2,11 @@
 
 The back half (``kv_sharing_fast_prefill``) runs the model's KV-shared layers on
 a subset of the pass's rows, with a batch of its own. What that takes depends on
-how this release's decoder layers and batches work; the rest of the fast prefill
-does not. Here a decoder layer returns its output and keeps the residual in the
-batch's ``ResidualStream``, and a batch reads the KV cache through the
-``KVLocPlan`` bound to it, whose tables are indexed by the batch's own rows.
+how this release's decoder layers, batches and backends work; the rest of the
+fast prefill does not. Here a decoder layer returns its output and keeps the
+residual in the batch's ``ResidualStream``, a batch reads the KV cache through
+the ``KVLocPlan`` bound to it, whose tables are indexed by the batch's own rows,
+and every backend a forward reaches carries the runner's ``KVIndexTranslator``.
 """
 
 from __future__ import annotations
@@ -20,16 +21,21 @@ from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+
+def bind_back_half_backend(model_runner: ModelRunner, backend: AttentionBackend) -> None:
+    """Make the back half's own backend carry the runner's translator, as the
+    runner's backends do (the model's layers read it off the forward's backend)."""
+    model_runner.kv_index_translator.bind_and_verify_backends([backend])
 
 
 def bind_back_half_batch(backend: AttentionBackend, forward_batch: ForwardBatch) -> None:
-    """Make ``forward_batch`` (the back half's) read its own requests' KV. As a
-    copy of the pass's batch it holds the pass's plan, whose read tables are
-    indexed by the pass's rows: it gets a plan over its own rows and lengths,
-    its write ids used as they are (the back half writes no KV)."""
+    """Make ``forward_batch`` (the back half's) read its own requests' KV: a
+    plan over its own rows and lengths, its write ids used as they are (the
+    back half writes no KV)."""
     translator = backend.kv_index_translator
     if translator is None:  # a backend that reads no plan
-        forward_batch.kv_loc_plan = None
         return
     translator.bind_runner_slots(forward_batch)
 

@@ -31,6 +31,14 @@ from sglang.kernels.ops.speculative.cache_locs import (
 from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
 
 
+def both_alignments(n: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two ``n``-element tensors, one 16-byte-aligned and one offset by one
+    element: the allocator hands out slices of its free list, so the round
+    sees either (the warm-up of ``assign_req_to_token_pool`` uses it too)."""
+    buf = torch.zeros(n + 1, dtype=dtype, device=device)
+    return buf[:n], buf[1:]
+
+
 def launch_verify_kernels(
     req_to_token: torch.Tensor,
     configs: Iterable[tuple[int, int]],
@@ -38,15 +46,12 @@ def launch_verify_kernels(
 ) -> None:
     """Launch each kernel once per (draft steps, draft tokens). The verify prep
     only reads row 0, so ``req_to_token`` is not written."""
-    # Imported here: spec_decode_kernel_warmup imports this module.
-    from sglang.srt.speculative.spec_decode_kernel_warmup import _both_alignments
-
     device = req_to_token.device
     one_index = torch.zeros(1, dtype=torch.int64, device=device)
     for steps, draft_tokens in configs:
         # batch.seq_lens (int64) is both the verify's start offsets and the
         # commit's lengths.
-        for seq_lens in _both_alignments(1, torch.int64, device):
+        for seq_lens in both_alignments(1, torch.int64, device):
             # As eagle_prepare_for_verify without a prepared window.
             assign_extend_cache_locs_uniform_func(
                 req_pool_indices=one_index,
