@@ -1281,7 +1281,8 @@ def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
             drop.update(range(node.lineno - 1, node.end_lineno))
             if node.end_lineno < len(lines) and not lines[node.end_lineno].strip():
                 drop.add(node.end_lineno)
-    return "".join(l for n, l in enumerate(lines) if n not in drop)
+    kept = "".join(l for n, l in enumerate(lines) if n not in drop)
+    return kept.rstrip("\n") + "\n" if kept.strip() else kept
 
 
 def _files_under(d: Path) -> list[Path]:
