@@ -37,7 +37,8 @@ Commands (python3 tools/fork.py [--base VERSION] CMD --help):
   check [--each]       materialize and verify the mirror; --each also checks every step:
                        byte-compile and import what it touches, run its tests (see below);
                        --jobs N checks N steps at once, each in a git worktree of its own
-  export OUTDIR        one folder per stack: git-am-able patches + cover-letter.md
+  export OUTDIR        one folder per stack: git-am-able patches + cover-letter.md; each
+                       patch also adds its step's tests (test/srt/) and what they need
   import DIR           write DIR's commits back into the series (authoring, below)
   overlay DIR          only changed/new files as DIR/sglang/..., to copy over site-packages
   diffstat             files and +/- lines per step
@@ -1496,7 +1497,8 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
     p = sub.add_parser("install", help="build the fork wheel and pip install it into the venv")
     p.add_argument("--venv", default=".venv")
     p.add_argument("--no-deps-check", action="store_true")
-    p = sub.add_parser("export", help="per-stack folders of git-am-able patches + cover letters")
+    p = sub.add_parser("export", help="per-stack folders of git-am-able patches (with their "
+                       "tests) + cover letters")
     p.add_argument("outdir", type=Path)
     p.add_argument("--force", action="store_true", help="replace a non-empty OUTDIR")
     p = sub.add_parser("import", help="write a materialized tree's commits back as the series")
