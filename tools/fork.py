@@ -1259,6 +1259,8 @@ def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
     for i, node in enumerate(body):
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         if _is_test_node(node) and node.name not in carried:
+            while start > 1 and lines[start - 2].lstrip().startswith("#"):
+                start -= 1  # its own comment, right above it
             stop = body[i + 1].lineno - 1 if i + 1 < len(body) else len(lines)
             if i + 1 < len(body):  # up to the next statement's decorators or comments
                 nxt = body[i + 1]

@@ -263,7 +263,7 @@ def test_export_carries_each_steps_tests_and_what_they_need(two_stacks, tmp_path
     assert "stack" not in (repo / "test/srt/test_gemma_fix.py").read_text()
     git(repo, "am", str(exp / "02-yoco/0001-yoco-module.patch"))
     first = (repo / "test/srt/test_yoco.py").read_text()
-    assert "def test_module" in first and "test_grows" not in first
+    assert "def test_module" in first and "grows" not in first
     git(repo, "am", str(exp / "02-yoco/0002-yoco-grows.patch"))
     last = (repo / "test/srt/test_yoco.py").read_text()
     assert "def test_module" in last and "# grows\ndef test_grows" in last
@@ -644,6 +644,12 @@ def test_real_series_reads_as_stacks_and_exports_with_cover_letters(tmp_path):
         ["diff", "-r", "-q", "-x", ".git", "-x", "__pycache__", str(pristine / "python"),
          str(mat / "python")], capture_output=True, text=True)
     assert diff.returncode == 0, diff.stdout
+    # the exported series carries every test file the series' check runs
+    kept, _ = fork.tests_of_base(real, fork.collect_marked_tests(real)[0], steps)
+    assert sorted(p.relative_to(pristine).as_posix() for p in
+                  (pristine / "test/srt").glob("test_*.py")) == sorted(
+        {t.nodeid.split("::")[0] for t in kept})
+    assert (pristine / "test/srt/conftest.py").is_file()
 
 
 def test_preloaded_interpreter_runs_each_command_as_a_new_process_would(tmp_path):
