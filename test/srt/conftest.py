@@ -1,9 +1,6 @@
-import importlib.metadata
-import importlib.util
 import logging
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,6 +9,35 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # CPU reference path: never pick a GPU, keep CPU threads predictable.
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Every engine shuts down once more at exit (atexit) and logs through the
+    # handler SGLang bound to a capfd test's stream, closed by now: a "Logging
+    # error" traceback each, printed after the summary line (16 per run).
+    logging.raiseExceptions = False
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """The seeded tiny Gemma-4 (tiny_gemma4.py), written once for every test file."""
+    from tiny_gemma4 import make_tiny_gemma4
+
+    return make_tiny_gemma4(str(tmp_path_factory.mktemp("tiny_gemma4")), seed=0)
+
+
+@pytest.fixture(scope="session")
+def hf(model_dir):
+    """Hugging Face transformers' reference run of that model."""
+    from cpu_engine import HFReference
+
+    return HFReference(model_dir)
+
+
+# -------------------- the fork's own test selection (tools/fork.py export leaves it out)
+import importlib.metadata  # noqa: E402
+import importlib.util  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 
 # The longest files, longest first. pytest-xdist (--dist loadfile --no-loadscope-reorder)
@@ -96,29 +122,6 @@ def pytest_terminal_summary(terminalreporter):
         for name, value in getattr(rep, "user_properties", ()):
             if name == "summary" and rep.when == "call":
                 terminalreporter.write_line(f"{rep.nodeid}: {value}")
-
-
-def pytest_sessionfinish(session, exitstatus):
-    # Every engine shuts down once more at exit (atexit) and logs through the
-    # handler SGLang bound to a capfd test's stream, closed by now: a "Logging
-    # error" traceback each, printed after the summary line (16 per run).
-    logging.raiseExceptions = False
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory):
-    """The seeded tiny Gemma-4 (tiny_gemma4.py), written once for every test file."""
-    from tiny_gemma4 import make_tiny_gemma4
-
-    return make_tiny_gemma4(str(tmp_path_factory.mktemp("tiny_gemma4")), seed=0)
-
-
-@pytest.fixture(scope="session")
-def hf(model_dir):
-    """Hugging Face transformers' reference run of that model."""
-    from cpu_engine import HFReference
-
-    return HFReference(model_dir)
 
 
 def pytest_configure(config):

@@ -5,6 +5,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -216,6 +217,59 @@ def test_export_writes_a_folder_per_stack_that_git_am_applies(two_stacks, tmp_pa
     (two_stacks.root / "patches/02-yoco/cover-letter.md").unlink()
     with pytest.raises(fork.ForkError, match="02-yoco/cover-letter.md is missing"):
         fork.export(two_stacks, tmp_path / "exp2")
+
+
+def test_export_carries_each_steps_tests_and_what_they_need(two_stacks, tmp_path):
+    """An exported series is what a reviewer runs: each patch adds the tests marked for
+    its step (a stack's test without a step with the stack's last step), the helpers and
+    conftest.py they need with the first test that needs them, without the fork's own
+    pytest.mark.stack and conftest selection, and without tests this base leaves out."""
+    srt = two_stacks.root / "test" / "srt"
+    (srt / "conftest.py").write_text(
+        "import sys\n\nFIXTURE = 1\n\n\n"
+        f"# ---- {fork.EXPORT_CUT}\nimport fork_tool\n")
+    (srt / "helper.py").write_text("H = 2\n")
+    (srt / "unused_helper.py").write_text("U = 3\n")
+    (srt / "test_gemma_fix.py").write_text(
+        "import pytest\n\n"
+        'pytestmark = pytest.mark.stack("fixes")\n\n\n'
+        "def test_line_22():\n    assert True\n")
+    (srt / "test_yoco.py").write_text(
+        "import pytest\n\nfrom helper import H\n\n\n"
+        '@pytest.mark.stack("yoco", step="yoco-module", fails_before=True)\n'
+        "def test_module():\n    assert H == 2\n\n\n"
+        "# grows\n"
+        '@pytest.mark.stack("yoco", step="yoco-grows")\n'
+        "def test_grows():\n    assert True\n\n\n"
+        '@pytest.mark.stack("yoco", step="yoco-grows", bases=("0.5.23",))\n'
+        "def test_elsewhere():\n    assert False\n")
+    (two_stacks.root / "bases" / "0.5.23").mkdir(parents=True)
+    (two_stacks.root / "bases/0.5.23/upstream.json").write_text(
+        json.dumps({**two_stacks.pin, "version": "0.5.23"}))
+    fork.export(two_stacks, tmp_path / "exp")
+    exp = tmp_path / "exp"
+
+    def added(patch):
+        return re.findall(r"^diff --git a/(\S+)", (exp / patch).read_text(), re.M)
+
+    assert added("01-fixes/0001-gemma-line-22.patch") == [
+        GEMMA, "test/srt/conftest.py", "test/srt/test_gemma_fix.py"]
+    assert added("02-yoco/0001-yoco-module.patch") == [
+        YOCO, "test/srt/helper.py", "test/srt/test_yoco.py"]
+    assert added("02-yoco/0002-yoco-grows.patch")[-1] == "test/srt/test_yoco.py"
+    repo = pristine_repo(tmp_path / "am")
+    git(repo, "am", *sorted(str(p) for p in (exp / "01-fixes").glob("*.patch")))
+    assert (repo / "test/srt/conftest.py").read_text() == "import sys\n\nFIXTURE = 1\n"
+    assert "stack" not in (repo / "test/srt/test_gemma_fix.py").read_text()
+    git(repo, "am", str(exp / "02-yoco/0001-yoco-module.patch"))
+    first = (repo / "test/srt/test_yoco.py").read_text()
+    assert "def test_module" in first and "grows" not in first
+    git(repo, "am", str(exp / "02-yoco/0002-yoco-grows.patch"))
+    last = (repo / "test/srt/test_yoco.py").read_text()
+    assert "def test_module" in last and "# grows\ndef test_grows" in last
+    assert "test_elsewhere" not in last and "pytest.mark.stack" not in last
+    assert not (repo / "test/srt/unused_helper.py").exists()
+    compile(last, "test_yoco.py", "exec")
 
 
 def test_import_round_trips_and_rewrites_only_what_changed(two_stacks, tmp_path):
@@ -590,6 +644,12 @@ def test_real_series_reads_as_stacks_and_exports_with_cover_letters(tmp_path):
         ["diff", "-r", "-q", "-x", ".git", "-x", "__pycache__", str(pristine / "python"),
          str(mat / "python")], capture_output=True, text=True)
     assert diff.returncode == 0, diff.stdout
+    # the exported series carries every test file the series' check runs
+    kept, _ = fork.tests_of_base(real, fork.collect_marked_tests(real)[0], steps)
+    assert sorted(p.relative_to(pristine).as_posix() for p in
+                  (pristine / "test/srt").glob("test_*.py")) == sorted(
+        {t.nodeid.split("::")[0] for t in kept})
+    assert (pristine / "test/srt/conftest.py").is_file()
 
 
 def test_preloaded_interpreter_runs_each_command_as_a_new_process_would(tmp_path):
