@@ -1,6 +1,7 @@
-"""Validation for --kv-sharing-fast-prefill (Gemma-4 YOCO fast prefill).
+"""Validation for --kv-sharing-fast-prefill (YOCO fast prefill for Gemma-4
+and Gemma-3n).
 
-Gemma-4 E2B/E4B have ``num_kv_shared_layers > 0``: the back half of the
+Gemma-4 E2B/E4B and Gemma-3n E2B/E4B have ``num_kv_shared_layers > 0``: the back half of the
 decoder writes no KV cache and reads the KV of an earlier layer. During
 prefill only the last token of each request has to pass through those layers
 ("You Only Cache Once"). The flag is read by the model as
@@ -39,6 +40,13 @@ GEMMA4_ARCHITECTURES = (
     "Gemma4ForConditionalGeneration",
     "Gemma4UnifiedForConditionalGeneration",
 )
+# Target architectures whose text stack is gemma3n_causal.Gemma3nTextModel.
+GEMMA3N_ARCHITECTURES = (
+    "Gemma3nForCausalLM",
+    "Gemma3nForConditionalGeneration",
+)
+# Those whose text model runs the fast prefill (SupportsKVSharingFastPrefill).
+FAST_PREFILL_ARCHITECTURES = GEMMA4_ARCHITECTURES + GEMMA3N_ARCHITECTURES
 
 # Speculative algorithms that only need the last prefill token's hidden state
 # (or none at all). Every other algorithm (EAGLE, EAGLE3, STANDALONE, DFLASH,
@@ -107,10 +115,11 @@ def _check_model(server_args: ServerArgs) -> Tuple[int, int]:
     text_config = model_config.hf_text_config
     num_shared = getattr(text_config, "num_kv_shared_layers", None) or 0
     num_layers = text_config.num_hidden_layers
-    is_gemma4 = any(arch in GEMMA4_ARCHITECTURES for arch in architectures)
-    if not is_gemma4 or num_shared <= 0 or num_shared >= num_layers:
+    supported = any(arch in FAST_PREFILL_ARCHITECTURES for arch in architectures)
+    if not supported or num_shared <= 0 or num_shared >= num_layers:
         raise ValueError(
-            f"{FLAG} needs a Gemma-4 model with KV-shared layers (E2B/E4B), but "
+            f"{FLAG} needs a Gemma-4 or Gemma-3n model with KV-shared layers "
+            "(Gemma-4 E2B/E4B, Gemma-3n E2B/E4B), but "
             f"{settings.view(server_args).model_path} has architecture "
             f"{', '.join(architectures) or 'unknown'} with "
             f"num_kv_shared_layers={num_shared} (num_hidden_layers={num_layers}). "

@@ -25,11 +25,16 @@ nothing else is cached). So the back half runs on one token per request:
 
 Rows are gathered and scattered along the token dimension of hidden states of
 any leading shape (``token_dim``), so a model that carries several streams per
-token (``[streams, tokens, hidden]``) passes them through unchanged.
+token (``[streams, tokens, hidden]``, Gemma-3n's AltUp) passes them through
+unchanged. How a model's decoder layers take the rows is its own
+(``BackHalfLayerCall``): by default this release's decoder-layer convention
+(``kv_sharing_fast_prefill_rows``), or layers that return their next hidden
+states and thread nothing else (``PLAIN_LAYER_CALL``).
 
-Gemma-4's per-layer inputs (PLE) are computed before layer 0 for every layer;
-``per_layer_inputs_for_plan`` finishes the back half's layers' share for its
-rows only (the plan is made before the embedding for that).
+Per-layer inputs (Gemma-4's and Gemma-3n's PLE) are computed before layer 0
+for every layer; ``per_layer_inputs_for_plan`` finishes the back half's
+layers' share for its rows only (the plan is made before the embedding for
+that).
 
 KV-cache writes are unchanged: the front half writes every token, the back half
 writes nothing.
@@ -40,7 +45,16 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    ContextManager,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import torch
 from sglang.srt.layers.kv_sharing_fast_prefill_rows import (
@@ -342,6 +356,34 @@ def make_back_half_batch(
     return fb
 
 
+@dataclass(frozen=True)
+class BackHalfLayerCall:
+    """How a model's decoder layers take the back half's rows: ``entering``
+    hands the rows to the first layer (and cleans up after the last), ``call``
+    runs one layer and returns the hidden states the next one takes."""
+
+    call: Callable[..., torch.Tensor]
+    entering: Callable[[ForwardBatch, torch.Tensor], ContextManager[torch.Tensor]]
+
+
+# This release's decoder-layer convention (Gemma-4's layers follow it).
+DECODER_LAYER_CALL = BackHalfLayerCall(call_layer, rows_entering_layers)
+
+
+@contextmanager
+def _rows_as_they_are(
+    forward_batch: ForwardBatch, hidden_states: torch.Tensor
+) -> Iterator[torch.Tensor]:
+    yield hidden_states
+
+
+# Layers that take the hidden states and return the next ones, with no
+# residual or other state threaded between them (Gemma-3n's).
+PLAIN_LAYER_CALL = BackHalfLayerCall(
+    lambda layer, **kwargs: layer(**kwargs), _rows_as_they_are
+)
+
+
 def gather_rows(
     hidden_states: torch.Tensor, index: torch.Tensor, token_dim: int = 0
 ) -> torch.Tensor:
@@ -366,8 +408,9 @@ def per_layer_inputs_for_plan(
     per_layer_inputs: Optional[torch.Tensor],
     combine: Callable,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Gemma-4's per-layer inputs for a fast-prefill pass: (the front layers'
-    for every row, the back half's layers' for the plan's rows, or None).
+    """Per-layer inputs (Gemma-4's, Gemma-3n's) for a fast-prefill pass: (the
+    front layers' for every row, the back half's layers' for the plan's rows,
+    or None).
 
     ``projection`` [tokens, layers, dim] is the model's projection GEMM as the
     full pass computes it (every row, every layer: a GEMM of another shape could
@@ -402,13 +445,14 @@ def run_layers(
     forward_batch: ForwardBatch,
     hidden_states: torch.Tensor,
     per_layer_inputs: Optional[torch.Tensor],
+    layer_call: BackHalfLayerCall = DECODER_LAYER_CALL,
     **kwargs,
 ) -> torch.Tensor:
     """Layers [first_layer, end_layer) on these rows, as the back half runs them
     (``per_layer_inputs``: [rows, those layers, dim], or None)."""
-    with rows_entering_layers(forward_batch, hidden_states) as h:
+    with layer_call.entering(forward_batch, hidden_states) as h:
         for layer_idx in range(first_layer, end_layer):
-            h = call_layer(
+            h = layer_call.call(
                 layers[layer_idx],
                 positions=forward_batch.positions,
                 hidden_states=h,
@@ -432,6 +476,14 @@ class KVSharedBackHalf:
     end_layer: int
     hidden_size: int
     per_layer_input_dim: int  # 0: the layers take no per-layer input
+    # Hidden-state streams per token: 0, rows are [tokens, hidden]; n, rows are
+    # [n, tokens, hidden] (Gemma-3n's AltUp).
+    streams: int = 0
+    layer_call: BackHalfLayerCall = DECODER_LAYER_CALL
+
+    @property
+    def token_dim(self) -> int:
+        return 1 if self.streams else 0
 
     def forward(self, forward_batch, hidden_states, per_layer_inputs):
         return run_layers(
@@ -441,6 +493,7 @@ class KVSharedBackHalf:
             forward_batch,
             hidden_states,
             per_layer_inputs,
+            self.layer_call,
         )
 
 
@@ -470,11 +523,13 @@ def run_back_half(
     hidden_states: torch.Tensor,
     per_layer_inputs: Optional[torch.Tensor],
     token_dim: int = 0,
+    layer_call: BackHalfLayerCall = DECODER_LAYER_CALL,
     **kwargs,
 ) -> torch.Tensor:
     """Run layers [first_shared_layer, end_layer) on the planned rows only,
     with the back half's per-layer inputs, and return ``hidden_states`` with
-    those rows replaced along ``token_dim``."""
+    those rows replaced along ``token_dim``. ``layer_call``: how the layers
+    take the rows (as the model's ``KVSharedBackHalf`` declares it)."""
     if plan.num_reqs == 0:
         return hidden_states
     index = plan.rows.token_index
@@ -492,6 +547,7 @@ def run_back_half(
                 plan.batch,
                 gather_rows(hidden_states, index, token_dim),
                 per_layer_inputs,
+                layer_call,
                 **kwargs,
             )
     return scatter_rows(hidden_states, index, h, token_dim)

@@ -74,7 +74,12 @@ class KVSharedBackHalfGraphRunner:
         self.attention = attention
         backend = self.backend = attention.backend
         n, dev = self.max_bs, device
-        self.hidden = torch.zeros(n, back_half.hidden_size, dtype=dtype, device=dev)
+        # The rows as the layers take them: [n, hidden], or [streams, n, hidden].
+        self.token_dim = back_half.token_dim
+        streams = (back_half.streams,) if back_half.streams else ()
+        self.hidden = torch.zeros(
+            *streams, n, back_half.hidden_size, dtype=dtype, device=dev
+        )
         dim = back_half.per_layer_input_dim
         self.ple = (
             torch.zeros(n, self.end - self.first, dim, dtype=dtype, device=dev)
@@ -145,9 +150,13 @@ class KVSharedBackHalfGraphRunner:
             positions=self.positions[:bs],
         )
 
+    def _rows(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        """The first ``n`` rows of a buffer laid out as the hidden states."""
+        return t.narrow(self.token_dim, 0, n)
+
     def _forward(self, bs: int, fb: ForwardBatch) -> torch.Tensor:
         ple = self.ple[:bs] if self.ple is not None else None
-        return self.back_half.forward(fb, self.hidden[:bs], ple)
+        return self.back_half.forward(fb, self._rows(self.hidden, bs), ple)
 
     def capture(self, enable_cudagraph_gc: bool = False) -> None:
         from sglang.srt.distributed.parallel_state import graph_capture
@@ -187,7 +196,12 @@ class KVSharedBackHalfGraphRunner:
         n = plan_rows.num_reqs
         bs = BaseCudaGraphRunner._pad_to_bucket(n, self.capture_bs)
         rows, reqs = plan_rows.token_index, plan_rows.req_index
-        torch.index_select(hidden_states, 0, rows, out=self.hidden[:n])
+        if self.token_dim == 0:
+            torch.index_select(hidden_states, 0, rows, out=self.hidden[:n])
+        else:  # the buffer's first n rows of each stream are not contiguous
+            self._rows(self.hidden, n).copy_(
+                hidden_states.index_select(self.token_dim, rows)
+            )
         if self.ple is not None:
             self.ple[:n].copy_(per_layer_inputs)
         # Each kept request's last token: a decode step's geometry.
@@ -207,4 +221,4 @@ class KVSharedBackHalfGraphRunner:
         bind_back_half_batch(self.backend, fb)  # this pass's rows
         self.backend.init_forward_metadata_out_graph(fb, in_capture=False)
         self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        return self._rows(self.outputs[bs], n)
