@@ -2,7 +2,7 @@
 
     python benchmark/frozen_kv_mtp/closeness.py OUT.json [--target e4b|31b] [--prompts 200]
         [--min-len 100] [--max-len 2500] [--max-new 64] [--page-size 1]
-        [--modes nospec,mtp,mtp-splitkv] [--extra JSON] [--tiny]
+        [--modes nospec,mtp,mtp-splitkv] [--steps 3[,4,5]] [--rescore] [--extra JSON] [--tiny]
 
 On an H200 with the fork in /tmp/site (`bash tools/offline_packs.sh install PACK...`), from
 the repository root, $OUT a folder to keep (estimated 5-8 minutes for E4B; the 31B line
@@ -22,6 +22,13 @@ Acceptance is real: the drafts are accepted as the seeded drafter proposes them
 (SGLANG_SIMULATE_ACC_LEN is removed from the environment), so every output token is the
 target's, computed by the verify. Greedy (temperature 0), return_logprob with the top 5
 of every output token.
+
+--steps 3,4,5 runs each MTP mode at each step count (results keyed MODE-sN), nospec once.
+--rescore: one more engine, the target alone, scores every mode's output by teacher
+forcing (RESCORE lines: how far each emitted token's logprob lies below the target's best
+at its position). Greedy output is the target's argmax whatever the drafts, so a correct
+verify's gaps are rounding; wrong keys in the verify (upstream sgl-project/sglang#32666
+reports corrupt output at 5 steps and 2+ concurrent requests) show as large gaps.
 
 Checkpoints: the target's released text config (E4B, or the 31B shape with --target 31b)
 and the E4B assistant (widened to the 31B's geometry for --target 31b), bf16, weights
@@ -115,10 +122,10 @@ def mode_kwargs(mode, draft_dir, steps):
     return kw
 
 
-def run_mode(mode, target_dir, draft_dir, base, prompts, mix, a):
+def run_mode(mode, target_dir, draft_dir, base, prompts, mix, a, steps):
     import sglang as sgl
 
-    kw = {**base, **mode_kwargs(mode, draft_dir, a.steps), "page_size": a.page_size, **json.loads(a.extra)}
+    kw = {**base, **mode_kwargs(mode, draft_dir, steps), "page_size": a.page_size, **json.loads(a.extra)}
     t0 = time.perf_counter()
     eng = sgl.Engine(model_path=target_dir, **kw)
     t1 = time.perf_counter()
@@ -204,6 +211,53 @@ def compare(mode, against, outs, ref, prompts):
     }
 
 
+def rescore(target_dir, base, prompts, results, a, group=16):
+    """The target (no speculation) scores every mode's output by teacher forcing: at each
+    output position, how far the emitted token's logprob lies below the target's best
+    (``gap``). A correct greedy verify emits the target's argmax, so its gaps are rounding
+    (the verify's kernels against the extend kernel here); a verify that reads the wrong
+    keys emits tokens the target ranks far lower. Unlike token identity, this does not
+    depend on near-flat logits of seeded weights staying untied."""
+    import sglang as sgl
+
+    eng = sgl.Engine(model_path=target_dir, **{**base, "page_size": a.page_size, **json.loads(a.extra)})
+    out = {}
+    try:
+        for m, res in results.items():
+            gaps, per_req = [], []
+            for g in range(0, len(prompts), group):
+                idx = list(range(g, min(g + group, len(prompts))))
+                outs = eng.generate(
+                    input_ids=[prompts[i] + res["outputs"][i]["ids"] for i in idx],
+                    sampling_params={"temperature": 0, "max_new_tokens": 1},
+                    return_logprob=True, logprob_start_len=[len(prompts[i]) for i in idx],
+                    top_logprobs_num=1,
+                )
+                for i, o in zip(idx, outs):
+                    ids = res["outputs"][i]["ids"]
+                    mi = o["meta_info"]
+                    toks = [t for _, t, _ in mi["input_token_logprobs"]]
+                    off = next(k for k in range(3) if toks[k:k + len(ids)] == ids)
+                    lps = mi["input_token_logprobs"][off:off + len(ids)]
+                    tops = mi["input_top_logprobs"][off:off + len(ids)]
+                    # the first input position has no logprob (None) when it is the prompt's first
+                    g_req = [top[0][0] - lp for (lp, _, _), top in zip(lps, tops) if lp is not None and top]
+                    gaps += g_req
+                    per_req.append(max(g_req) if g_req else 0.0)
+            gaps.sort()
+            out[m] = {
+                "tokens": len(gaps), "gap_max": gaps[-1] if gaps else None,
+                "gap_p99": gaps[int(0.99 * (len(gaps) - 1))] if gaps else None,
+                "tokens_gap_over_0.5": sum(x > 0.5 for x in gaps),
+                "tokens_gap_over_2": sum(x > 2 for x in gaps),
+                "requests_gap_over_0.5": sum(x > 0.5 for x in per_req),
+            }
+            print("RESCORE " + json.dumps({"mode": m, **out[m]}), flush=True)
+    finally:
+        eng.shutdown()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -216,20 +270,28 @@ def main():
     ap.add_argument("--max-len", type=int, default=None, help="longest prompt, default 2500 (--tiny: 40)")
     ap.add_argument("--max-new", type=int, default=None, help="max_new_tokens, default 64 (--tiny: 8)")
     ap.add_argument("--page-size", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3, help="speculative_num_steps (draft tokens = steps + 1)")
+    ap.add_argument("--steps", default="3",
+                    help="speculative_num_steps (draft tokens = steps + 1); a comma list runs each "
+                         "MTP mode at each, as MODE-sN")
     ap.add_argument("--seed", type=int, default=0, help="prompt seed")
     ap.add_argument("--mix-seed", type=int, default=1, help="batch-mix seed (the same batches in every mode)")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=32,
                     help="largest decode/verify CUDA graph batch (the largest batch sent is 32)")
     ap.add_argument("--extra", default="{}", help="JSON of engine kwargs for every mode")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny Gemma-4 + tiny assistant")
+    ap.add_argument("--rescore", action="store_true",
+                    help="the target scores each mode's output by teacher forcing (RESCORE lines)")
     a = ap.parse_args()
     for k, v in (TINY_DEFAULTS if a.tiny else GPU_DEFAULTS).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     modes = a.modes.split(",")
+    steps = [int(x) for x in a.steps.split(",")]
     for m in modes:
-        mode_kwargs(m, "", a.steps)  # refuses unknown modes before anything starts
+        mode_kwargs(m, "", steps[0])  # refuses unknown modes before anything starts
+    # (result key, mode, steps): nospec once; each MTP mode at each step count
+    runs = [(m if m == "nospec" or len(steps) == 1 else f"{m}-s{s}", m, s)
+            for m in modes for s in (steps[:1] if m == "nospec" else steps)]
     os.environ.pop("SGLANG_SIMULATE_ACC_LEN", None)  # real acceptance
 
     t_all = time.perf_counter()
@@ -249,12 +311,13 @@ def main():
           f"page_size={a.page_size} modes={','.join(modes)}", flush=True)
 
     results = {}
-    for m in modes:
-        print(f"== mode {m}", flush=True)
-        results[m] = run_mode(m, target_dir, draft_dir, base, prompts, mix, a)
+    for key, m, s in runs:
+        print(f"== mode {key}", flush=True)
+        results[key] = run_mode(m, target_dir, draft_dir, base, prompts, mix, a, s)
 
-    ref = "nospec" if "nospec" in results else modes[0]
-    pairs = [(m, ref) for m in modes if m != ref]
+    keys = list(results)
+    ref = "nospec" if "nospec" in results else keys[0]
+    pairs = [(k, ref) for k in keys if k != ref]
     if "mtp" in results and "mtp-splitkv" in results and ref != "mtp":
         pairs.append(("mtp-splitkv", "mtp"))
     comparisons = []
@@ -262,11 +325,12 @@ def main():
         c = compare(m, r, results[m]["outputs"], results[r]["outputs"], prompts)
         comparisons.append(c)
         print("RESULT " + json.dumps({k: v for k, v in c.items() if k != "divergences"}), flush=True)
+    rescored = rescore(target_dir, base, prompts, results, a) if a.rescore else None
     wall = time.perf_counter() - t_all
     print(f"WALL total {wall:.1f} s", flush=True)
     out = {"args": vars(a), "target": "tiny" if a.tiny else a.target, "wall_s": wall,
            "prompt_lens": [len(p) for p in prompts], "batches": mix,
-           "modes": results, "comparisons": comparisons}
+           "modes": results, "comparisons": comparisons, "rescore": rescored}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(out, f)

@@ -8,13 +8,13 @@ max_new_tokens=1 (one prefill pass per batch), radix cache off, after a warm-up;
 modes: off, on (default --kv-sharing-fast-prefill-min-tokens), on-all (min tokens 0:
 the fast path on every pass), on-all-eager (on-all with the back half's CUDA graphs off,
 SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0), ceiling (the front layers alone);
-median of --repeats. Prints RESULT and ROW lines, a SHARE line per YOCO mode measured
-beside the ceiling (its share of the ceiling: ceiling time / the mode's time), and
-writes raw JSON. Prefill is eager in
-every mode, unless --serving-graphs: every mode then keeps SGLang's default prefill
-CUDA graph (text-only Gemma4ForCausalLM captures one), as a server would run it. With
-YOCO on, the graph only holds passes below the min-tokens threshold (larger ones take
-the fast path, eager); on-all (threshold 0) runs without one.
+median of --repeats. Prints RESULT and ROW lines, a SHARE line per YOCO mode and point
+(its speed-up over off, speedup_<mode>, and its share of the ceiling, ceiling time / the
+mode's time, share_of_ceiling_<mode>, where off and the ceiling ran), and writes raw
+JSON. Prefill is eager in every mode, unless --serving-graphs: every mode then keeps
+SGLang's default prefill CUDA graph (text-only Gemma4ForCausalLM captures one), as a
+server would run it. With YOCO on, the graph only holds passes below the min-tokens
+threshold (larger ones take the fast path, eager); on-all (threshold 0) runs without one.
 --parity N: each mode (not the ceiling) also decodes 8 greedy tokens for N fixed
 prompts (16-3000 tokens, batches of 8); PARITY lines count the outputs identical
 to the first mode's.
@@ -123,15 +123,34 @@ def ceiling_table(results, points):
             key = mode.replace("-", "_")
             row[f"{key}_s"] = t
             if off:
-                row["speedup" if mode == "on" else f"speedup_{key}"] = off / t
+                row[f"speedup_{key}"] = off / t
             if ce:
                 row[f"share_of_ceiling_{key}"] = ce / t
         if off and ce:
             row["ceiling_speedup"] = off / ce
+        if "speedup_on" in row:
+            row["speedup"] = row["speedup_on"]  # the names older runs used
         if "share_of_ceiling_on" in row:
-            row["fraction_of_ceiling"] = row["share_of_ceiling_on"]  # the name older runs used
+            row["fraction_of_ceiling"] = row["share_of_ceiling_on"]
         table.append(row)
     return table
+
+
+def share_lines(table):
+    """A SHARE line per YOCO mode measured at a point: the mode, its speed-up over off
+    and its share of the ceiling, each where that side was measured."""
+    lines = []
+    for row in table:
+        for mode in FAST_MODES:
+            key = mode.replace("-", "_")
+            if row.get(f"{key}_s") is None:
+                continue
+            t, sp, sh = row[f"{key}_s"], row.get(f"speedup_{key}"), row.get(f"share_of_ceiling_{key}")
+            parts = [f"{sp:.2f}x over off ({1e3 * row['off_s']:.1f} ms against {1e3 * t:.1f} ms)" if sp else "no off",
+                     f"{100 * sh:.1f} % of the ceiling ({1e3 * row['ceiling_s']:.1f} ms against {1e3 * t:.1f} ms)"
+                     if sh else "no ceiling"]
+            lines.append(f"SHARE {mode} {row['len']}x{row['batch']}: {', '.join(parts)}")
+    return lines
 
 
 def main():
@@ -169,13 +188,8 @@ def main():
     table = ceiling_table(results, points)
     for row in table:
         print("ROW", json.dumps(row), flush=True)
-    for row in table:
-        for mode in FAST_MODES:
-            key = mode.replace("-", "_")
-            if f"share_of_ceiling_{key}" in row:
-                print(f"SHARE {mode} {row['len']}x{row['batch']}: {100 * row[f'share_of_ceiling_{key}']:.1f} % "
-                      f"of the ceiling ({1e3 * row['ceiling_s']:.1f} ms against {1e3 * row[f'{key}_s']:.1f} ms)",
-                      flush=True)
+    for line in share_lines(table):
+        print(line, flush=True)
     with open(a.out, "w") as f:
         json.dump({"variant": a.variant, "serving_graphs": a.serving_graphs, "results": results, "table": table},
                   f, indent=1)

@@ -56,7 +56,7 @@ def test_prefill_table_gives_every_yoco_modes_share_of_the_ceiling():
     """bench.py prefill: the share of the ceiling (ceiling time / the mode's time) for
     each YOCO mode measured beside the ceiling, with or without "off"."""
     sys.path.insert(0, os.path.join(ROOT, "benchmark", "yoco_gemma4"))
-    from prefill_bench import ceiling_table
+    from prefill_bench import ceiling_table, share_lines
 
     res = [{"mode": m, "len": 4096, "batch": 1, "median_s": t}
            for m, t in (("off", 0.070), ("on", 0.035), ("on-all", 0.034), ("ceiling", 0.029))]
@@ -66,3 +66,9 @@ def test_prefill_table_gives_every_yoco_modes_share_of_the_ceiling():
     assert big["share_of_ceiling_on_all"] == 0.029 / 0.034 and big["speedup_on_all"] == 0.070 / 0.034
     assert big["speedup"] == 2.0 and big["ceiling_speedup"] == 0.070 / 0.029
     assert small["share_of_ceiling_on_all_eager"] == 0.04 / 0.05 and "speedup_on_all_eager" not in small
+    assert big["speedup_on"] == big["speedup"]
+    assert share_lines([big, small]) == [
+        "SHARE on 4096x1: 2.00x over off (70.0 ms against 35.0 ms), 82.9 % of the ceiling (29.0 ms against 35.0 ms)",
+        "SHARE on-all 4096x1: 2.06x over off (70.0 ms against 34.0 ms), "
+        "85.3 % of the ceiling (29.0 ms against 34.0 ms)",
+        "SHARE on-all-eager 1024x8: no off, 80.0 % of the ceiling (40.0 ms against 50.0 ms)"]
