@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """YOCO fast prefill benchmarks: one command per measurement, on any CUDA machine with the fork.
 
-    python benchmark/yoco_gemma4/bench.py prefill OUT.json [--variant e4b|e2b] [--points 1024x8,...]
+    python benchmark/yoco_gemma4/bench.py prefill OUT.json [--variant e4b|e2b|3n-e4b|3n-e2b] [--points 1024x8,...]
     python benchmark/yoco_gemma4/bench.py forward OUT.json [--variant ...] [--lens 1024,4096] [--batches 1]
     python benchmark/yoco_gemma4/bench.py serve   OUTDIR   [--variant ...] [--workloads summ,chat] [--multimodal]
     python benchmark/yoco_gemma4/bench.py parity  OUT.json [--variant ...] [--deterministic]

@@ -1,4 +1,4 @@
-"""Text-only Gemma-4 checkpoints for GPU runs: real configs, dummy weights at scale.
+"""Text-only Gemma-4 and Gemma-3n checkpoints for GPU runs: real configs, dummy weights at scale.
 
 Weights come from SGLang's dummy loader with SGLANG_DUMMY_WEIGHTS_AT_SCALE=1
 (the fork's scaled_dummy_weights: seeded, realistic scale, varied greedy output),
@@ -13,34 +13,47 @@ import os
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# Released text configs by model name (configs/*.text_config.json; Gemma-3n's sources
+# are in configs/gemma-3n.md).
+RELEASED = {"e4b": "gemma-4-E4B-it", "e2b": "gemma-4-E2B-it",
+            "3n-e4b": "gemma-3n-E4B-it", "3n-e2b": "gemma-3n-E2B-it"}
+# Per-layer lists of a config, cut with the layers for a ceiling variant.
+PER_LAYER_KEYS = ("layer_types", "intermediate_size", "activation_sparsity_pattern")
+
+
 def text_config(variant: str) -> dict:
-    """'e4b', 'e2b', or '<model>-front' (its layers before the first KV-shared one, no
-    KV sharing: the YOCO ceiling; 'e4b-front24' is accepted as the old name).
-    'tiny' is the CPU test model, for dry runs of these scripts."""
+    """'e4b', 'e2b', '3n-e4b', '3n-e2b' (Gemma-3n), or '<model>-front' (its layers before
+    the first KV-shared one, no KV sharing: the YOCO ceiling; 'e4b-front24' is accepted as
+    the old name). 'tiny' and 'tiny-3n' are the CPU test models, for dry runs of these
+    scripts."""
     if variant.startswith("tiny"):
         import sys
 
         sys.path.insert(0, os.path.join(HERE, "..", "..", "test", "srt"))
-        from tiny_gemma4 import TINY_TEXT_CONFIG
+        if variant == "tiny-3n":
+            from tiny_gemma3n import TINY_TEXT_CONFIG
+        else:
+            from tiny_gemma4 import TINY_TEXT_CONFIG
 
-        return dict(TINY_TEXT_CONFIG)
+        return copy.deepcopy(TINY_TEXT_CONFIG)
     model = variant.split("-front")[0]
-    base = {"e4b": "gemma-4-E4B-it", "e2b": "gemma-4-E2B-it"}[model]
-    with open(os.path.join(HERE, "configs", f"{base}.text_config.json")) as f:
+    with open(os.path.join(HERE, "configs", f"{RELEASED[model]}.text_config.json")) as f:
         cfg = copy.deepcopy(json.load(f)["text_config"])
     if "-front" in variant:
         n = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
         cfg["num_hidden_layers"] = n
-        cfg["layer_types"] = cfg["layer_types"][:n]
+        for k in PER_LAYER_KEYS:
+            if isinstance(cfg.get(k), list):
+                cfg[k] = cfg[k][:n]
         cfg["num_kv_shared_layers"] = 0
-    cfg["architectures"] = ["Gemma4ForCausalLM"]
+    cfg["architectures"] = ["Gemma3nForCausalLM" if model.startswith("3n") else "Gemma4ForCausalLM"]
     cfg["torch_dtype"] = "bfloat16"
     return cfg
 
 
 def ceiling_variant(variant: str):
     """The ceiling variant of a model that has KV-shared layers, else None."""
-    return f"{variant}-front" if variant in ("e4b", "e2b") else None
+    return f"{variant}-front" if variant in RELEASED else None
 
 
 def write_text_checkpoint(path: str, variant: str) -> str:

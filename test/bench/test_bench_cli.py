@@ -72,3 +72,30 @@ def test_prefill_table_gives_every_yoco_modes_share_of_the_ceiling():
         "SHARE on-all 4096x1: 2.06x over off (70.0 ms against 34.0 ms), "
         "85.3 % of the ceiling (29.0 ms against 34.0 ms)",
         "SHARE on-all-eager 1024x8: no off, 80.0 % of the ceiling (40.0 ms against 50.0 ms)"]
+
+
+@pytest.mark.parametrize("model", ["e2b", "e4b", "3n-e2b", "3n-e4b"])
+def test_ceiling_variant_is_the_models_front_layers(model):
+    """--variant 3n-e2b|3n-e4b (Gemma-3n) and the Gemma-4 variants: the ceiling is the
+    model's layers before its first KV-shared one, every per-layer list cut to them (a
+    Gemma-3n list left at full length would describe other layers), and the config loads
+    in transformers as its architecture's config."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmark", "yoco_gemma4"))
+    from checkpoints import PER_LAYER_KEYS, ceiling_variant, text_config
+
+    full, front = text_config(model), text_config(ceiling_variant(model))
+    n = full["num_hidden_layers"] - full["num_kv_shared_layers"]
+    assert full["num_kv_shared_layers"] > 0 and front["num_kv_shared_layers"] == 0
+    assert front["num_hidden_layers"] == n
+    assert set(front) == set(full)
+    for k in PER_LAYER_KEYS:
+        if isinstance(full.get(k), list):
+            assert len(full[k]) == full["num_hidden_layers"] and front[k] == full[k][:n], k
+    for k in set(full) - set(PER_LAYER_KEYS) - {"num_hidden_layers", "num_kv_shared_layers"}:
+        assert front[k] == full[k], k
+    if model.startswith("3n"):
+        from transformers import Gemma3nTextConfig
+
+        assert full["architectures"] == ["Gemma3nForCausalLM"]
+        cfg = Gemma3nTextConfig(**{k: v for k, v in front.items() if k != "architectures"})
+        assert cfg.num_hidden_layers == n and len(cfg.intermediate_size) == n
