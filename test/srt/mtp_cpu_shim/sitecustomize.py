@@ -58,3 +58,41 @@ if os.environ.get("SGLANG_TEST_ONE_NODE_TAIL_LOG"):
         one_node_greedy_verify.OneNodeGreedyVerifyTail.__call__ = _logged_tail_call
 
     after_import("sglang.srt.speculative.one_node_greedy_verify", _log_tail_rounds)
+
+if os.environ.get("SGLANG_TEST_MTP_ORACLE_DRAFTS"):
+    # An oracle drafter: the drafter's chain is replaced by the target's own greedy
+    # continuation (the file: [[prompt, no-speculation greedy output], ...]), right for
+    # the first d tokens of a round and wrong after, d varying with the request and its
+    # length (0 to every draft token), so verify accepts every length, the full chain
+    # included. A drafter with random weights is accepted almost never, and then each
+    # round keeps one token and the KV of the others is freed unread.
+    def _oracle_drafts(worker_module):
+        import json
+
+        worker = worker_module.FrozenKVMTPDraftWorker
+        draft, draft_forward = worker.draft, worker.draft_forward
+        with open(os.environ["SGLANG_TEST_MTP_ORACLE_DRAFTS"]) as f:
+            reference = {tuple(prompt): prompt + output for prompt, output in json.load(f)}
+
+        def _draft(self, batch):
+            self._oracle_batch = batch
+            return draft(self, batch)
+
+        def _draft_forward(self, forward_batch):
+            parents, index, tokens = draft_forward(self, forward_batch)
+            batch, steps = self._oracle_batch, tokens.shape[1]
+            for i, req in enumerate(batch.reqs):
+                full = reference.get(tuple(req.origin_input_ids))
+                if full is None:
+                    continue
+                # the bonus token (the last verified one) sits at position seq_len
+                start = int(batch.seq_lens[i]) + 1
+                right = (start + len(req.origin_input_ids)) % (steps + 2)
+                for k in range(steps):
+                    t = full[start + k] if start + k < len(full) else 3
+                    tokens[i, k] = t if k < right else (t + 1) % 500 + 5
+            return parents, index, tokens
+
+        worker.draft, worker.draft_forward = _draft, _draft_forward
+
+    after_import("sglang.srt.speculative.frozen_kv_mtp_worker_v2", _oracle_drafts)
