@@ -61,18 +61,20 @@ if os.environ.get("SGLANG_TEST_ONE_NODE_TAIL_LOG"):
 
 if os.environ.get("SGLANG_TEST_MTP_ORACLE_DRAFTS"):
     # An oracle drafter: the drafter's chain is replaced by the target's own greedy
-    # continuation (the file: [[prompt, no-speculation greedy output], ...]), right for
-    # the first d tokens of a round and wrong after, d varying with the request and its
-    # length (0 to every draft token), so verify accepts every length, the full chain
-    # included. A drafter with random weights is accepted almost never, and then each
-    # round keeps one token and the KV of the others is freed unread.
+    # continuation (the file: [[prompt, no-speculation greedy output, offset], ...]),
+    # right for the first d tokens of a round and wrong after, d = (round + offset) mod
+    # (steps + 2), at most every draft token, so verify accepts every length, the full
+    # chain included. A drafter with random weights is accepted almost never; then each
+    # round keeps one token and frees the KV of the others unread.
     def _oracle_drafts(worker_module):
         import json
 
         worker = worker_module.FrozenKVMTPDraftWorker
         draft, draft_forward = worker.draft, worker.draft_forward
         with open(os.environ["SGLANG_TEST_MTP_ORACLE_DRAFTS"]) as f:
-            reference = {tuple(prompt): prompt + output for prompt, output in json.load(f)}
+            reference = {tuple(p): (p + out, offset) for p, out, offset in json.load(f)}
+
+        rounds = {}
 
         def _draft(self, batch):
             self._oracle_batch = batch
@@ -82,12 +84,13 @@ if os.environ.get("SGLANG_TEST_MTP_ORACLE_DRAFTS"):
             parents, index, tokens = draft_forward(self, forward_batch)
             batch, steps = self._oracle_batch, tokens.shape[1]
             for i, req in enumerate(batch.reqs):
-                full = reference.get(tuple(req.origin_input_ids))
-                if full is None:
+                if tuple(req.origin_input_ids) not in reference:
                     continue
+                full, offset = reference[tuple(req.origin_input_ids)]
                 # the bonus token (the last verified one) sits at position seq_len
                 start = int(batch.seq_lens[i]) + 1
-                right = (start + len(req.origin_input_ids)) % (steps + 2)
+                rounds[req.rid] = rounds.get(req.rid, -1) + 1
+                right = (rounds[req.rid] + offset) % (steps + 2)
                 for k in range(steps):
                     t = full[start + k] if start + k < len(full) else 3
                     tokens[i, k] = t if k < right else (t + 1) % 500 + 5
