@@ -35,7 +35,9 @@ import sys  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "yoco_gemma4"))
 from checkpoints import mtp_kwargs, write_assistant_checkpoint  # noqa: E402
 
-pytestmark = pytest.mark.stack("frozen-kv-mtp-speed")
+# Run on 0.5.17 only for now: on 0.5.23 the same worker hooks exist (draft, draft_forward)
+# but this test has not been run there.
+pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", bases=("0.5.17",))
 
 PROMPTS = [[(7 * i + 3 * j) % 500 + 5 for j in range(6 + 5 * i)] for i in range(8)]
 NEW_TOKENS = [12, 10, 8, 6] * 2
