@@ -58,3 +58,44 @@ if os.environ.get("SGLANG_TEST_ONE_NODE_TAIL_LOG"):
         one_node_greedy_verify.OneNodeGreedyVerifyTail.__call__ = _logged_tail_call
 
     after_import("sglang.srt.speculative.one_node_greedy_verify", _log_tail_rounds)
+
+if os.environ.get("SGLANG_TEST_MTP_ORACLE_DRAFTS"):
+    # An oracle drafter: the drafter's chain is replaced by the target's own greedy
+    # continuation (the file: [[prompt, no-speculation greedy output, offset], ...]),
+    # right for the first d tokens of a round and wrong after, d = (round + offset) mod
+    # (steps + 2), at most every draft token, so verify accepts every length, the full
+    # chain included. A drafter with random weights is accepted almost never; then each
+    # round keeps one token and frees the KV of the others unread.
+    def _oracle_drafts(worker_module):
+        import json
+
+        worker = worker_module.FrozenKVMTPDraftWorker
+        draft, draft_forward = worker.draft, worker.draft_forward
+        with open(os.environ["SGLANG_TEST_MTP_ORACLE_DRAFTS"]) as f:
+            reference = {tuple(p): (p + out, offset) for p, out, offset in json.load(f)}
+
+        rounds = {}
+
+        def _draft(self, batch):
+            self._oracle_batch = batch
+            return draft(self, batch)
+
+        def _draft_forward(self, forward_batch):
+            parents, index, tokens = draft_forward(self, forward_batch)
+            batch, steps = self._oracle_batch, tokens.shape[1]
+            for i, req in enumerate(batch.reqs):
+                if tuple(req.origin_input_ids) not in reference:
+                    continue
+                full, offset = reference[tuple(req.origin_input_ids)]
+                # the bonus token (the last verified one) sits at position seq_len
+                start = int(batch.seq_lens[i]) + 1
+                rounds[req.rid] = rounds.get(req.rid, -1) + 1
+                right = (rounds[req.rid] + offset) % (steps + 2)
+                for k in range(steps):
+                    t = full[start + k] if start + k < len(full) else 3
+                    tokens[i, k] = t if k < right else (t + 1) % 500 + 5
+            return parents, index, tokens
+
+        worker.draft, worker.draft_forward = _draft, _draft_forward
+
+    after_import("sglang.srt.speculative.frozen_kv_mtp_worker_v2", _oracle_drafts)
