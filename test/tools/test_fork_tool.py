@@ -146,10 +146,13 @@ def test_each_step_carries_its_modules_at_that_steps_content(two_stacks, tmp_pat
     env = two_stacks
     assert [s.id for s in fork.read_series(env)] == [
         "fixes/gemma-line-22", "yoco/yoco-module", "yoco/yoco-grows"]
-    # the mirror is the final content; the step that adds the module has its first form
+    # python/ holds the final content, once: the step that adds the module names it, and
+    # the later step that changes it carries only that change
     assert (env.root / YOCO).read_text() == "X = 1\nY = X + 1\n"
     first = (env.root / "patches/02-yoco/0001-yoco-module.patch").read_text()
-    assert "+X = 1\n" in first and "Y = X" not in first
+    assert f"\n{fork.ADDS_HEADER}: {YOCO}\n" in first and "X = 1" not in first
+    grows = (env.root / "patches/02-yoco/0002-yoco-grows.patch").read_text()
+    assert "\n X = 1\n+Y = X + 1\n" in grows and "new file mode" not in grows
     part = fork.materialize(env, tmp_path / "part", upto="yoco-grows")
     assert (part.dest / YOCO).read_text() == "X = 1\n"
     assert (part.dest / "python/sglang/srt/old.py").exists()
@@ -164,15 +167,33 @@ def test_each_step_carries_its_modules_at_that_steps_content(two_stacks, tmp_pat
             ).stat().st_mode & 0o111
 
 
-def test_the_mirror_must_equal_the_final_modules(two_stacks, tmp_path):
-    (two_stacks.root / YOCO).write_text("X = 3\n")
-    with pytest.raises(fork.ForkError, match="yoco.py differs from what the series creates"):
+def test_a_module_is_edited_in_place_and_lands_in_its_step(two_stacks, tmp_path):
+    """An edit of python/ outside a later step's change belongs to the step that adds the
+    module; one inside it cannot be placed, and says so; a file no step adds is refused."""
+    big = "python/sglang/srt/big.py"
+    lines = [f"B{i} = {i}\n" for i in range(12)]
+    add_step(two_stacks, "03-big/0001-big.patch", write(big, "".join(lines)), "feat: big")
+    add_step(two_stacks, "03-big/0002-big-grows.patch",
+             write(big, "".join(lines[:9] + ["B8b = 0\n"] + lines[9:])), "feat: big grows")
+    (two_stacks.root / big).write_text('"""Doc."""\n' + (two_stacks.root / big).read_text())
+    part = fork.materialize(two_stacks, tmp_path / "part", upto="big-grows")
+    assert (part.dest / big).read_text() == '"""Doc."""\n' + "".join(lines)
+    full = fork.materialize(two_stacks, tmp_path / "full")
+    assert (full.dest / big).read_text() == (two_stacks.root / big).read_text()
+    (two_stacks.root / big).write_text((two_stacks.root / big).read_text().replace("B8 ", "B9 "))
+    with pytest.raises(fork.ForkError, match="big-grows.patch makes to it no longer "
+                                              "reverse-applies"):
         fork.materialize(two_stacks, tmp_path / "out")
-    (two_stacks.root / YOCO).write_text("X = 1\nY = X + 1\n")
+    (two_stacks.root / big).write_text('"""Doc."""\n' + "".join(lines[:9] + ["B8b = 0\n"] + lines[9:]))
     (two_stacks.root / "python/sglang/srt/stray.py").write_text("")
-    with pytest.raises(fork.ForkError, match="stray.py is in python/ but no step creates it"):
+    with pytest.raises(fork.ForkError, match="python/sglang/srt/stray.py is added by no step"):
         fork.materialize(two_stacks, tmp_path / "out")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+    # a new file written into a patch is refused: it lives under python/
+    p = two_stacks.root / "patches/01-fixes/0001-gemma-line-22.patch"
+    p.write_text(p.read_text() + "diff --git a/python/x.py b/python/x.py\nnew file mode 100644\n")
+    assert any("adds a file inside the patch" in m
+               for m in fork.lint_series(fork.read_series(two_stacks)))
 
 
 def test_a_step_that_does_not_apply_names_itself(two_stacks, tmp_path):
@@ -284,7 +305,8 @@ def test_import_round_trips_and_rewrites_only_what_changed(two_stacks, tmp_path)
     assert fork.import_tree(two_stacks, tree) == ["02-yoco/0001-yoco-module.patch"]
     assert (two_stacks.root / YOCO).read_text() == "X = 1\nY = X + 1\n"
     assert (two_stacks.root / "python/sglang/srt/extra.py").read_text() == "E = 1\n"
-    assert "+E = 1" in (two_stacks.root / "patches/02-yoco/0001-yoco-module.patch").read_text()
+    assert f"{fork.ADDS_HEADER}: python/sglang/srt/extra.py\n" in (
+        two_stacks.root / "patches/02-yoco/0001-yoco-module.patch").read_text()
     fork.materialize(two_stacks, tmp_path / "again")
     (two_stacks.root / "patches/series").write_text("01-fixes/0001-gemma-line-22.patch\n")
     with pytest.raises(fork.ForkError, match="3 commits after fork-base, patches/series lists 1"):
@@ -393,7 +415,7 @@ def test_a_second_base_ports_some_stacks_and_shares_the_modules(two_stacks, tmp_
     # one step, where the default base needed two: its module is the shared one
     add_step(other, "02-yoco/0001-yoco-module.patch", write(YOCO, "X = 1\nY = X + 1\n"),
              "feat(yoco): module")
-    assert not (other.own_mirror / "sglang").exists()
+    assert not (other.own_python / "sglang").exists()
     lines = []
     reports = fork.check_each(other, log=lines.append)
     # the fixes stack is not ported: its test is counted, not run; yoco-grows is not a
@@ -403,12 +425,12 @@ def test_a_second_base_ports_some_stacks_and_shares_the_modules(two_stacks, tmp_
     # a module that has to differ on this base is its own copy; the shared one stays
     add_step(other, "02-yoco/0002-yoco-differs.patch", write(YOCO, "X = 2\n"),
              "feat(yoco): differs here")
-    assert (other.own_mirror / "sglang/srt/yoco.py").read_text() == "X = 2\n"
+    assert (other.own_python / "sglang/srt/yoco.py").read_text() == "X = 2\n"
     assert (env.root / YOCO).read_text() == "X = 1\nY = X + 1\n"
     fork.materialize(other, tmp_path / "out")
     fork.materialize(env, tmp_path / "default")
-    (other.own_mirror / "sglang/srt/stray.py").write_text("")
-    with pytest.raises(fork.ForkError, match="stray.py is in bases/0.5.99/python/ but no step"):
+    (other.own_python / "sglang/srt/stray.py").write_text("")
+    with pytest.raises(fork.ForkError, match="bases/0.5.99/python/sglang/srt/stray.py is added by no step"):
         fork.materialize(other, tmp_path / "out2")
 
 
@@ -423,15 +445,80 @@ def test_a_base_without_a_later_stack_keeps_the_shared_module_as_it_was_there(tw
     other = second_base(env)
     add_step(other, "02-yoco/0001-yoco-module.patch", write(YOCO, "X = 1\nY = X + 1\n"),
              "feat(yoco): module")
-    assert not (other.own_mirror / "sglang").exists()
+    assert not (other.own_python / "sglang").exists()
     fork.materialize(other, tmp_path / "out")  # verifies the mirror
     # content the default series never has at those stacks is this base's own copy
     add_step(other, "02-yoco/0002-yoco-differs.patch", write(YOCO, "X = 1\nY = 2\n"),
              "feat(yoco): differs here")
-    assert (other.own_mirror / "sglang/srt/yoco.py").read_text() == "X = 1\nY = 2\n"
-    (other.own_mirror / "sglang/srt/yoco.py").unlink()
-    with pytest.raises(fork.ForkError, match=r"yoco.py \(at the ported stacks\) differs"):
+    assert (other.own_python / "sglang/srt/yoco.py").read_text() == "X = 1\nY = 2\n"
+    (other.own_python / "sglang/srt/yoco.py").unlink()
+    with pytest.raises(fork.ForkError, match="0002-yoco-differs.patch makes to it no longer reverse-applies"):
         fork.materialize(other, tmp_path / "out2")
+
+
+def test_a_base_holds_only_the_steps_and_files_that_differ_there(two_stacks, tmp_path):
+    """Another base is a delta: a step whose change is the default base's applies from
+    the default base's patch (no copy); a step that differs in one file keeps only that
+    file's change and takes the others from the default base's patch."""
+    env = two_stacks
+    other = second_base(env)
+    (other.patches_dir / "series").write_text(
+        "01-fixes/0001-gemma-line-22.patch\n02-yoco/0001-yoco-module.patch\n")
+    tree = fork.materialize(env, tmp_path / "default").dest
+    git(tree, "reset", "-q", "--hard", "HEAD~1")  # this base's series: the first two steps
+    fork.import_tree(other, tree)
+    assert not list(other.patches_dir.glob("*/*.patch"))  # both are the default's
+    # the same step on this base changes gemma.py as the default does, and old.py too
+    git(tree, "checkout", "-q", f"{fork.BASE_TAG}~0")
+    edit = MODEL.replace("line22 = 22\n", "line22 = 'patched'\n")
+    (tree / GEMMA).write_text(edit)
+    (tree / "python/sglang/srt/old.py").write_text("to be deleted\nchanged here\n")
+    git(tree, "commit", "-qam", "fix(gemma): line 22\n\nWhy it is needed here.")
+    (tree / YOCO).write_text("X = 1\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "feat(yoco): module\n\nWhy it is needed.")
+    fork.import_tree(other, tree)
+    own = other.patches_dir / "01-fixes/0001-gemma-line-22.patch"
+    text = own.read_text()
+    assert f"{fork.SHARED_HEADER}: {GEMMA}" in text and "line22" not in text
+    assert "+changed here" in text
+    assert not (other.patches_dir / "02-yoco/0001-yoco-module.patch").exists()
+    out = fork.materialize(other, tmp_path / "out").dest
+    assert (out / GEMMA).read_text() == edit
+    assert git(out, "log", "--format=%T") == git(tree, "log", "--format=%T")
+    # a message of its own over the same change is kept, with no diff
+    git(tree, "checkout", "-q", f"{fork.BASE_TAG}~0")
+    (tree / GEMMA).write_text(edit)
+    git(tree, "commit", "-qam", "fix(gemma): line 22\n\nSaid for this release.")
+    (tree / YOCO).write_text("X = 1\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "feat(yoco): module\n\nWhy it is needed.")
+    fork.import_tree(other, tree)
+    text = own.read_text()
+    assert "Said for this release." in text and "diff --git" not in text
+    out = fork.materialize(other, tmp_path / "out", force=True).dest
+    assert git(out, "log", "--format=%T") == git(tree, "log", "--format=%T")
+
+
+def test_compare_finds_the_same_trees_across_a_change_of_layout(two_stacks, tmp_path):
+    """compare REV exports at REV with REV's own tool and here, and compares every step's
+    tree: a change that keeps the steps passes, one that changes a step names it."""
+    env = two_stacks
+    for part in ("fork.py", "forklib"):
+        src = REPO / "tools" / part
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, env.root / "tools" / part)
+    for d in ("01-fixes", "02-yoco"):
+        (env.root / "patches" / d / "cover-letter.md").write_text(f"# {d}\n")
+    git(env.root, "init", "-q")
+    git(env.root, "add", "-A")
+    git(env.root, "commit", "-qm", "before")
+    p = env.patches_dir / "02-yoco/0002-yoco-grows.patch"
+    p.write_text(p.read_text().replace("Why it is needed.", "Why it is needed, said again."))
+    assert "same tree at each of their 3 steps" in fork.compare_exports(env, "HEAD")
+    (env.root / YOCO).write_text("X = 1\nY = X + 2\n")
+    p.write_text(p.read_text().replace("+Y = X + 1", "+Y = X + 2"))
+    with pytest.raises(fork.ForkError, match="differ at:\n  02-yoco/0002-yoco-grows.patch"):
+        fork.compare_exports(env, "HEAD")
 
 
 def test_a_stack_ported_in_part_leaves_out_the_tests_of_its_steps_not_ported_yet(two_stacks):

@@ -1,0 +1,226 @@
+"""export: each stack as git-am-able patches that carry their new files and tests."""
+from __future__ import annotations
+
+import ast
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from .core import BASE_TAG, TEST_DIRS, Fork, ForkError, git, prepare_dest
+from .marks import _stack_mark, collect_marked_tests, tests_of_base
+from .series import Step, read_series, stacks_of
+from .tree import added_contents, apply_step, changed_files, create_base, verify_modules
+
+
+# conftest.py of a test folder: from the line with this text on, the fork's own test
+# selection (which tests a base runs, in what order), which an exported series leaves out.
+EXPORT_CUT = "the fork's own test selection (tools/fork.py export leaves it out)"
+
+
+def _is_test_node(node) -> bool:
+    return ((isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and node.name.startswith("test"))
+            or (isinstance(node, ast.ClassDef) and node.name.startswith("Test")))
+
+
+def _is_stack_mark(node) -> bool:
+    return _stack_mark([node]) is not None
+
+
+def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
+    """A test file as an exported series carries it: its top-level tests in ``carried``
+    (the others removed, with their decorators) and no pytest.mark.stack, which only
+    this fork's per-step check reads."""
+    mod = ast.parse(src, rel)
+    lines = src.splitlines(keepends=True)
+    drop: set[int] = set()  # 0-based line numbers
+    body = mod.body
+    for i, node in enumerate(body):
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        if _is_test_node(node) and node.name not in carried:
+            while start > 1 and lines[start - 2].lstrip().startswith("#"):
+                start -= 1  # its own comment, right above it
+            stop = body[i + 1].lineno - 1 if i + 1 < len(body) else len(lines)
+            if i + 1 < len(body):  # up to the next statement's decorators or comments
+                nxt = body[i + 1]
+                stop = min([nxt.lineno] + [d.lineno for d in
+                                           getattr(nxt, "decorator_list", [])]) - 1
+                while stop > node.end_lineno and lines[stop - 1].lstrip().startswith("#"):
+                    stop -= 1
+                while stop > node.end_lineno and lines[stop - 1].strip():
+                    stop -= 1
+            drop.update(range(start - 1, max(stop, node.end_lineno)))
+        elif _is_test_node(node):
+            for d in node.decorator_list:
+                if _is_stack_mark(d):
+                    drop.update(range(d.lineno - 1, d.end_lineno))
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1
+              and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "pytestmark"
+              and _stack_mark([node.value]) is not None):
+            if not _is_stack_mark(node.value):
+                raise ForkError(f"{rel}:{node.lineno}: export leaves out pytest.mark.stack, "
+                                "so write it as its own `pytestmark = pytest.mark.stack(...)`")
+            drop.update(range(node.lineno - 1, node.end_lineno))
+            if node.end_lineno < len(lines) and not lines[node.end_lineno].strip():
+                drop.add(node.end_lineno)
+    kept = "".join(l for n, l in enumerate(lines) if n not in drop)
+    return kept.rstrip("\n") + "\n" if kept.strip() else kept
+
+
+def _files_under(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and p.suffix != ".pyc")
+
+
+def test_file_deps(fork: Fork, rel: str) -> set[str]:
+    """The repository files that test file or helper ``rel`` needs next to it: the modules
+    it imports from its test folder (or from a folder it puts on sys.path), the files and
+    folders it names by os.path.join from its own folder, and the folder's conftest.py."""
+    root = fork.root.resolve()
+    path = root / rel
+    test_dir = next((root / d for d in TEST_DIRS if rel.startswith(d + "/")), path.parent)
+    deps: set[Path] = set()
+    import_dirs = [path.parent, test_dir]
+    tree = ast.parse(path.read_text(), rel)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("path.join")):
+            continue
+        parts = [a.value for a in node.args if isinstance(a, ast.Constant)
+                 and isinstance(a.value, str)]
+        if not parts:
+            continue
+        target = path.parent.joinpath(*parts).resolve()
+        if not target.exists() and parts[0] != "..":  # a path from the repository's root
+            target = root.joinpath(*parts).resolve()
+        if target == root or root not in target.parents or test_dir.is_relative_to(target):
+            continue
+        if target.is_file():
+            deps.add(target)
+        elif target.is_dir():
+            if target.is_relative_to(test_dir) or not any(target.glob("*.py")):
+                deps.update(_files_under(target))
+            else:  # a folder of modules put on sys.path: those it imports from there
+                import_dirs.append(target)
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                 and not node.level else [])
+        for name in names:
+            top = name.split(".")[0]
+            for d in import_dirs:
+                for cand in (d / f"{top}.py", d / top / "__init__.py"):
+                    if cand.is_file() and cand.resolve() != path:
+                        deps.add(cand.resolve())
+    if (test_dir / "conftest.py").is_file() and path != test_dir / "conftest.py":
+        deps.add(test_dir / "conftest.py")
+    return {p.relative_to(root).as_posix() for p in deps}
+
+
+def exported_tests(fork: Fork, steps: list[Step]) -> list[dict[str, bytes]]:
+    """For each step, the test files (and what they need) an exported series has once that
+    step is applied: {path: content}. A test enters with the step it is marked for (a
+    stack's test without a step, with its stack's last step); a test file enters with its
+    first test and grows by the tests of later steps; a test this base leaves out is in no
+    file. What a test file needs (helpers, its folder's conftest.py, files it reads) enters
+    with the first file that needs it, at its final content."""
+    tests, _ = collect_marked_tests(fork)
+    kept, _ = tests_of_base(fork, tests, steps)
+    index = {s.name: i for i, s in enumerate(steps)}
+    last = {st[0].stack: index[st[-1].name] for _, st in stacks_of(steps)}
+    at: dict[str, dict[str, int]] = {}  # test file -> {top-level test: step index}
+    for t in kept:
+        rel, name = t.nodeid.split("::", 1)
+        at.setdefault(rel, {})[name] = index[t.step] if t.step else last[t.stack]
+    deps_of: dict[str, set[str]] = {}
+
+    def closure(rels):
+        seen, todo = set(), list(rels)
+        while todo:
+            r = todo.pop()
+            if r in seen:
+                continue
+            seen.add(r)
+            if r.endswith(".py"):
+                if r not in deps_of:
+                    deps_of[r] = test_file_deps(fork, r)
+                todo += deps_of[r]
+        return seen
+
+    out: list[dict[str, bytes]] = []
+    for i in range(len(steps)):
+        present = {rel for rel, names in at.items() if min(names.values()) <= i}
+        files: dict[str, bytes] = {}
+        for rel in sorted(closure(present)):
+            src = (fork.root / rel).read_bytes()
+            name = rel.rsplit("/", 1)[-1]
+            if name.startswith("test_") and name.endswith(".py") and any(
+                    rel.startswith(d + "/") for d in TEST_DIRS):
+                carried = {n for n, j in at.get(rel, {}).items() if j <= i}
+                src = exported_test_source(src.decode(), rel, carried).encode()
+            elif name == "conftest.py":
+                text = src.decode()
+                cut = text.find(EXPORT_CUT)
+                if cut >= 0:
+                    src = text[:text.rfind("\n", 0, cut) + 1].rstrip("\n").encode() + b"\n"
+            files[rel] = src
+        out.append(files)
+    return out
+
+
+def export(fork: Fork, outdir: Path, force: bool = False) -> list[str]:
+    """OUTDIR/NN-stack/: the stack's patches (git am, in order) and cover-letter.md.
+    A reviewer applies stacks 1..k-1 and reviews stack k.  Each exported patch is the
+    step's patch plus the tests it is marked for, in the repository's test layout, and
+    what they need (exported_tests); the series is built by `git am` of every step onto
+    a fresh copy of the wheel, so an export never holds a patch that does not apply."""
+    outdir = Path(outdir)
+    prepare_dest(outdir, force)
+    steps = read_series(fork)
+    for stack_dir, _ in stacks_of(steps):
+        letter = fork.patches_dir / stack_dir / "cover-letter.md"
+        if not letter.is_file():
+            raise ForkError(f"{fork.rel(letter)} is missing: each stack is "
+                            "a pull request and needs its description")
+    carried = exported_tests(fork, steps)
+    mails = []
+    with tempfile.TemporaryDirectory(prefix="fork-export-") as tmp:
+        tree = Path(tmp) / "tree"
+        tree.mkdir()
+        create_base(fork, tree)
+        before: dict[str, bytes] = {}
+        contents = added_contents(fork, steps)
+        for s, files in zip(steps, carried):
+            apply_step(tree, s, contents.get(s.name))
+            changed = sorted(r for r, data in files.items() if before.get(r) != data)
+            for rel in changed:
+                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tree / rel).write_bytes(files[rel])
+            if changed:
+                git(tree, "add", "--", *changed)
+                git(tree, "commit", "-q", "--amend", "--no-edit", "--allow-empty")
+            before = files
+            mails.append(git(tree, "format-patch", "-1", "--stdout", "--zero-commit",
+                             "--no-signature", "HEAD").stdout)
+        verify_modules(fork, tree, steps)
+    if outdir.exists():
+        shutil.rmtree(outdir)
+    outdir.mkdir(parents=True)
+    written = []
+    for stack_dir, st in stacks_of(steps):
+        (outdir / stack_dir).mkdir()
+        shutil.copy2(fork.patches_dir / stack_dir / "cover-letter.md",
+                     outdir / stack_dir / "cover-letter.md")
+    numbers: dict[str, int] = {}
+    for s, mail in zip(steps, mails):  # numbered by place: another base's own steps too
+        numbers[s.stack_dir] = numbers.get(s.stack_dir, 0) + 1
+        line = f"{s.stack_dir}/{numbers[s.stack_dir]:04d}-{s.name}.patch"
+        (outdir / line).write_text(mail, errors="surrogateescape")
+        written.append(line)
+    (outdir / "series").write_text("".join(w + "\n" for w in written))
+    tests = sum(1 for r in carried[-1] if r.rsplit("/", 1)[-1].startswith("test_"))
+    print(f"exported {len(written)} patches in {len(stacks_of(steps))} stacks into {outdir}, "
+          f"with {tests} test files and {len(carried[-1]) - tests} files they need; apply "
+          f"onto a clean tree stack by stack: git am {outdir}/01-*/*.patch, ...",
+          file=sys.stderr)
+    return written
