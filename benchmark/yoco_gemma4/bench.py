@@ -9,8 +9,11 @@
 
 prefill     One prefill pass per batch through `sglang.Engine` (max_new_tokens=1, radix
             cache off), YOCO off, on-all (the fast path on every pass) and the ceiling (the
-            model cut to its first KV-shared layer), median of --repeats. Writes OUT.json
-            ({"results": [{mode, len, batch, median_s, times_s, tok_s}]}), RESULT lines.
+            fast path without its back half, the same model). Per point: a discarded
+            warm-up pass of its shape, then --repeats (at least 5) timed; median, min and
+            spread ((max - min) / median), a point above 10 % flagged unstable. Writes
+            OUT.json ({"results": [{mode, len, batch, median_s, min_s, spread, unstable,
+            times_s, ...}], "table": [...]}), RESULT and SHARE lines.
 forward     One forward alone, timed in process (`sglang.bench_one_batch`), for short,
             host-bound passes. Writes OUT.json ({"table": [{len, batch, off_ms, ...}]}).
 serve       One server per mode (off, on), `python -m sglang.benchmark.serving` on random
