@@ -20,8 +20,10 @@ serve       One server per mode (off, on), `python -m sglang.benchmark.serving` 
             ids: summ 8000/1000 and chat 1000/1000, 80 prompts each, each server warmed up.
             Writes OUTDIR/results.{json,md} (output tok/s, median/p99 TTFT, median TPOT).
 parity      Greedy outputs YOCO off against on over 240 prompts up to 16k tokens;
-            --deterministic serves both under --enable-deterministic-inference. Writes OUT.json
-            with the identical count and the largest top-5 logprob difference.
+            --deterministic serves both under --enable-deterministic-inference. Counts apart
+            on vs off, off in another batch mix, and a prefix-cache hit against its cold
+            serve (identical outputs, top-5 logprob differences); exits 1 on a first token
+            whose top-5 sets do not overlap, on vs off or in the other mix. Writes OUT.json.
 checkpoint  The checkpoint the others serve: the real E2B/E4B text config, a synthetic
             tokenizer, weights from `--load-format dummy` at a trained model's scale.
 
