@@ -14,7 +14,7 @@ its per-layer inputs are narrower than the fast path's, so it does a little less
 
 Method, per point (input length x batch) and mode: one warm-up pass of the point's own
 shape, discarded (the first pass at a new shape pays for kernel selection and
-allocations), then --repeats timed passes (default and least 5; --few-repeats allows
+allocations), then --repeats timed passes (default and at least 5; --few-repeats allows
 fewer, for smoke or profile runs, and marks the JSON "reportable": false), each on fresh
 random ids. Reported: the median, the min and the spread, (max - min) / median; a point
 whose spread exceeds 10 % is flagged unstable ("unstable": true in its RESULT record and
