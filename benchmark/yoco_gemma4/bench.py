@@ -9,16 +9,21 @@
 
 prefill     One prefill pass per batch through `sglang.Engine` (max_new_tokens=1, radix
             cache off), YOCO off, on-all (the fast path on every pass) and the ceiling (the
-            model cut to its first KV-shared layer), median of --repeats. Writes OUT.json
-            ({"results": [{mode, len, batch, median_s, times_s, tok_s}]}), RESULT lines.
+            fast path without its back half, the same model). Per point: a discarded
+            warm-up pass of its shape, then --repeats (at least 5) timed; median, min and
+            spread ((max - min) / median), a point above 10 % flagged unstable. Writes
+            OUT.json ({"results": [{mode, len, batch, median_s, min_s, spread, unstable,
+            times_s, ...}], "table": [...]}), RESULT and SHARE lines.
 forward     One forward alone, timed in process (`sglang.bench_one_batch`), for short,
             host-bound passes. Writes OUT.json ({"table": [{len, batch, off_ms, ...}]}).
 serve       One server per mode (off, on), `python -m sglang.benchmark.serving` on random
             ids: summ 8000/1000 and chat 1000/1000, 80 prompts each, each server warmed up.
             Writes OUTDIR/results.{json,md} (output tok/s, median/p99 TTFT, median TPOT).
 parity      Greedy outputs YOCO off against on over 240 prompts up to 16k tokens;
-            --deterministic serves both under --enable-deterministic-inference. Writes OUT.json
-            with the identical count and the largest top-5 logprob difference.
+            --deterministic serves both under --enable-deterministic-inference. Counts apart
+            on vs off, off in another batch mix, and a prefix-cache hit against its cold
+            serve (identical outputs, top-5 logprob differences); exits 1 on a first token
+            whose top-5 sets do not overlap, on vs off or in the other mix. Writes OUT.json.
 checkpoint  The checkpoint the others serve: the real E2B/E4B text config, a synthetic
             tokenizer, weights from `--load-format dummy` at a trained model's scale.
 

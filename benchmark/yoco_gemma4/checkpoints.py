@@ -23,9 +23,9 @@ PER_LAYER_KEYS = ("layer_types", "intermediate_size", "activation_sparsity_patte
 
 def text_config(variant: str) -> dict:
     """'e4b', 'e2b', '3n-e4b', '3n-e2b' (Gemma-3n), or '<model>-front' (its layers before
-    the first KV-shared one, no KV sharing: the YOCO ceiling; 'e4b-front24' is accepted as
-    the old name). 'tiny' and 'tiny-3n' are the CPU test models, for dry runs of these
-    scripts."""
+    the first KV-shared one, no KV sharing: the cut model, see ceiling_variant; 'e4b-front24'
+    is accepted as the old name). 'tiny' and 'tiny-3n' are the CPU test models, for dry
+    runs of these scripts."""
     if variant.startswith("tiny"):
         import sys
 
@@ -52,8 +52,36 @@ def text_config(variant: str) -> dict:
 
 
 def ceiling_variant(variant: str):
-    """The ceiling variant of a model that has KV-shared layers, else None."""
+    """The cut variant of a model that has KV-shared layers (prefill_bench.py's
+    ceiling-cut), else None. It does a little less than the fast path outside the back
+    half: its per-layer embedding and projection GEMM are only the front layers' width
+    (num_hidden_layers x hidden_size_per_layer_input), where the fast path's keep every
+    layer's. The ceiling proper is ceiling_kwargs()."""
     return f"{variant}-front" if variant in RELEASED else None
+
+
+# SGLang's --forward-hooks entry that takes the back half out of the fast path
+# (yoco_ceiling.py). A factory is only called for an entry that names a module.
+CEILING_HOOKS = [{"name": "yoco-ceiling", "target_modules": ["model"], "hook_factory": "yoco_ceiling:no_back_half"}]
+
+
+def ceiling_kwargs() -> dict:
+    """Engine kwargs that make an engine serving the full model (the same checkpoint as
+    YOCO off and on) the YOCO ceiling: the fast path on every prefill pass (on-all's
+    flag and min tokens 0) with no back half. By construction it does exactly the fast
+    path's work outside the back half (embedding, per-layer inputs as the fast path
+    computes them, front layers, final norm, logits for each request's last token), all
+    by the fork's own code; see yoco_ceiling.py. yoco_ceiling must be importable in the
+    engine's processes: it is beside this file, which the scripts put on sys.path
+    (spawned processes inherit it; a launched command needs ceiling_env)."""
+    return dict(kv_sharing_fast_prefill=True, kv_sharing_fast_prefill_min_tokens=0,
+                forward_hooks=copy.deepcopy(CEILING_HOOKS))
+
+
+def ceiling_env(env: dict) -> dict:
+    """`env` for a command that serves the ceiling: yoco_ceiling.py on its PYTHONPATH."""
+    path = [HERE] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(env, PYTHONPATH=os.pathsep.join(path))
 
 
 def write_text_checkpoint(path: str, variant: str) -> str:

@@ -11,7 +11,8 @@ process, synchronize before and after `extend`), one process per mode, each
 (batch, length) --repeats times; median reported.
 
 modes: off; on (default --kv-sharing-fast-prefill-min-tokens); on-all (min tokens 0:
-the fast path on every pass); ceiling (the model cut to its front layers). --rounds R runs the mode list R times, one process
+the fast path on every pass); ceiling (on-all without its back half, the same model:
+checkpoints.ceiling_kwargs). --rounds R runs the mode list R times, one process
 per mode each time, and pools each mode's passes (processes alternate, so a slow spell
 of the host falls on every mode).
 CUDA graphs are off (`--disable-cuda-graph`), so the fast path's back half runs eager;
@@ -28,19 +29,22 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checkpoints import ceiling_variant  # noqa: E402
+from checkpoints import CEILING_HOOKS, ceiling_env  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
 
 MODE_FLAGS = {
     "off": [],
     "on": ["--kv-sharing-fast-prefill"],
     "on-all": ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"],
-    "ceiling": [],
+    # on-all without its back half (yoco_ceiling.py, on the PYTHONPATH of mode_env)
+    "ceiling": ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0",
+                "--forward-hooks", json.dumps(CEILING_HOOKS)],
 }
 
 
 def mode_env(mode):
-    return dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
+    env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
+    return ceiling_env(env) if mode == "ceiling" else env
 
 
 def run_mode(mode, ckpt, batches, lens, repeats, out_dir, extra, tag, graphs=False):
@@ -82,8 +86,7 @@ def main():
     raw = {}
     for _ in range(a.rounds):
         for mode in a.modes.split(","):
-            v = ceiling_variant(a.variant) if mode == "ceiling" else a.variant
-            ckpt = make_checkpoint(f"{root}/tok-{v}", v)
+            ckpt = make_checkpoint(f"{root}/tok-{a.variant}", a.variant)
             times = run_mode(mode, ckpt, batches, lens, a.repeats, out_dir, a.extra.split(), a.variant, a.graphs)
             for point, ts in times.items():
                 raw.setdefault(mode, {}).setdefault(point, []).extend(ts)

@@ -5,10 +5,20 @@
 
 Prompts: lengths log-uniform in [1, max-len], a third of them sharing long
 prefixes (radix cache on, so prefix hits happen), sent in randomly sized batches.
-Runs: off with batch mix A, off with batch mix B, on with batch mix A.
-Reports how many outputs are byte-identical (on vs off-A), and the largest
-first-token top-5 logprob difference on vs off-A next to off-A vs off-B
-(what batch composition alone changes).
+Passes, each from an empty prefix cache unless said: off with batch mix A; off with
+mix A again, straight after (each prompt a prefix-cache hit on its own first serve);
+off with batch mix B; on with batch mix A. Each output records its prefix-cache hit
+(meta_info cached_tokens). Three comparisons, each counted on its own (identical
+outputs, the first token's top-5 logprob differences, first tokens whose top-5 sets
+have nothing in common):
+- on vs off: on-A against off-A, every prompt;
+- other batch mix: off-A against off-B, the prompts with the same prefix-cache hit in
+  both (what batch composition alone changes); the others are counted apart;
+- cached against cold: off-A's second serve, a prefix-cache hit, against its first,
+  the prompts cold (no hit) in their first serve.
+The run fails (exit status 1, "failed": true and "fail_reasons" in the JSON) on any
+first token whose top-5 sets do not overlap at all, on vs off or in the other batch
+mix. Cached against cold is reported, not failed on.
 --on-only serves YOCO on with batch mix A alone (to compare two code versions' outputs).
 """
 
@@ -52,14 +62,20 @@ def batches(n, seed):
     return out
 
 
-def run(model_dir, yoco, prompts, mixes, max_new, tp=1, extra=None):
+def run(model_dir, yoco, prompts, passes, max_new, tp=1, extra=None):
+    """Serve `passes`, [(mix, cold)], in turn: each pass serves its mix's groups one
+    after the other, radix cache on; a cold pass starts from an empty prefix cache.
+    One result list per pass, by prompt: output ids, the first token's top-5 and the
+    prompt's prefix-cache hit (cached tokens)."""
     import sglang as sgl
 
     # min_tokens=0 unless --extra sets it: the fast path takes every prefill pass, short ones too.
     kw = {"kv_sharing_fast_prefill_min_tokens": 0, "cuda_graph_max_bs_decode": 32, **(extra or {})}
     eng = sgl.Engine(model_path=model_dir, kv_sharing_fast_prefill=yoco, tp_size=tp, **engine_kwargs(**kw))
     results = []
-    for mix in mixes:
+    for mix, cold in passes:
+        if cold:
+            eng.flush_cache()
         res = [None] * len(prompts)
         for group in mix:
             outs = eng.generate(
@@ -70,9 +86,9 @@ def run(model_dir, yoco, prompts, mixes, max_new, tp=1, extra=None):
             )
             for i, o in zip(group, outs):
                 top = o["meta_info"]["output_top_logprobs"][0]
-                res[i] = {"ids": o["output_ids"], "top5": [[lp, t] for lp, t, _ in top]}
+                res[i] = {"ids": o["output_ids"], "top5": [[lp, t] for lp, t, _ in top],
+                          "cached_tokens": o["meta_info"].get("cached_tokens", 0)}
         results.append(res)
-        eng.flush_cache()
     eng.shutdown()
     return results
 
@@ -94,6 +110,54 @@ def diff_stats(xs, ys):
         "first_token_differs": sum(x["ids"][:1] != y["ids"][:1] for x, y in zip(xs, ys)),
         "no_common_top5": sum(v is None for v in d),
     }
+
+
+def compare(prompts, xs, ys, keep=None):
+    """One comparison over the prompts keep(x, y) admits (all by default): how many were
+    compared and left out, how many outputs are identical, the first token's top-5
+    logprob differences, and the prompts whose first-token top-5 sets are disjoint."""
+    pairs = [(p, x, y) for p, x, y in zip(prompts, xs, ys) if keep is None or keep(x, y)]
+    d = diff_stats([x for _, x, _ in pairs], [y for _, _, y in pairs])
+    return {
+        "compared": len(pairs),
+        "left_out": len(prompts) - len(pairs),
+        "identical": sum(x["ids"] == y["ids"] for _, x, y in pairs),
+        "first_token_logprob_diff": d,
+        "disjoint_top5": d["no_common_top5"],
+        "disjoint_top5_prompt_lengths": [len(p) for p, x, y in pairs if top5_diff(x["top5"], y["top5"]) is None],
+        "mismatched_prompt_lengths": [len(p) for p, x, y in pairs if x["ids"] != y["ids"]],
+    }
+
+
+# The comparisons a disjoint first-token top-5 fails the run on.
+FAIL_ON = ("on_vs_off", "other_batch_mix")
+
+
+def parity_report(prompts, off_a, off_a_cached, off_b, on_a):
+    """The three comparisons (see the docstring) and whether the run fails."""
+    cmp = {
+        "on_vs_off": compare(prompts, off_a, on_a),
+        "other_batch_mix": compare(prompts, off_a, off_b, lambda a, b: a["cached_tokens"] == b["cached_tokens"]),
+        "cached_vs_cold": compare(prompts, off_a, off_a_cached,
+                                  lambda cold, hit: cold["cached_tokens"] == 0 and hit["cached_tokens"] > 0),
+    }
+    reasons = [f"{k}: {cmp[k]['disjoint_top5']} first token(s) whose top-5 sets do not overlap"
+               for k in FAIL_ON if cmp[k]["disjoint_top5"]]
+    return {"comparisons": cmp, "failed": bool(reasons), "fail_reasons": reasons}
+
+
+def parity_lines(report):
+    """A PARITY line per comparison, then a FAIL line per reason."""
+    names = {"on_vs_off": "on vs off", "other_batch_mix": "other batch mix (same prefix-cache hit)",
+             "cached_vs_cold": "cached against cold"}
+    lines = []
+    for k, c in report["comparisons"].items():
+        d = c["first_token_logprob_diff"]
+        lines.append(f"PARITY {names[k]}: {c['identical']}/{c['compared']} identical"
+                     + (f" ({c['left_out']} left out)" if c["left_out"] else "")
+                     + f", first token differs {d['first_token_differs']}, disjoint top-5 {c['disjoint_top5']}, "
+                     f"largest top-5 logprob difference {d['max']}")
+    return lines + [f"FAIL {r}" for r in report["fail_reasons"]]
 
 
 def main():
@@ -120,30 +184,35 @@ def main():
         "prompt_len_max": max(map(len, prompts)),
     }
     if a.on_only:
-        (on_a,) = run(model, True, prompts, [mix_a], a.max_new, a.tp, extra)
+        (on_a,) = run(model, True, prompts, [(mix_a, True)], a.max_new, a.tp, extra)
         print("SUMMARY", json.dumps(summary), flush=True)
         with open(a.out, "w") as f:
             json.dump({"summary": summary, "on_a": on_a}, f)
-        return
-    off_a, off_b = run(model, False, prompts, [mix_a, mix_b], a.max_new, a.tp, extra)
-    (on_a,) = run(model, True, prompts, [mix_a], a.max_new, a.tp, extra)
+        return 0
+    off_a, off_a_cached, off_b = run(model, False, prompts, [(mix_a, True), (mix_a, False), (mix_b, True)],
+                                      a.max_new, a.tp, extra)
+    (on_a,) = run(model, True, prompts, [(mix_a, True)], a.max_new, a.tp, extra)
+    report = parity_report(prompts, off_a, off_a_cached, off_b, on_a)
     same = sum(x["ids"] == y["ids"] for x, y in zip(off_a, on_a))
     same_off = sum(x["ids"] == y["ids"] for x, y in zip(off_a, off_b))
-    d_on = diff_stats(off_a, on_a)
-    d_off = diff_stats(off_a, off_b)
     distinct = len({t for r in off_a for t in r["ids"]})
     summary.update({
+        **report,
+        # every prompt, whatever its prefix-cache hit (the keys of older runs)
         "identical_on_vs_off": same,
         "identical_off_vs_off_other_mix": same_off,
-        "first_token_logprob_diff_on_vs_off": d_on,
-        "first_token_logprob_diff_off_vs_off_other_mix": d_off,
+        "first_token_logprob_diff_on_vs_off": diff_stats(off_a, on_a),
+        "first_token_logprob_diff_off_vs_off_other_mix": diff_stats(off_a, off_b),
         "distinct_output_tokens": distinct,
         "mismatched_prompt_lengths": [len(p) for p, x, y in zip(prompts, off_a, on_a) if x["ids"] != y["ids"]],
     })
+    for line in parity_lines(report):
+        print(line, flush=True)
     print("SUMMARY", json.dumps(summary), flush=True)
     with open(a.out, "w") as f:
-        json.dump({"summary": summary, "off_a": off_a, "off_b": off_b, "on_a": on_a}, f)
+        json.dump({"summary": summary, "off_a": off_a, "off_a_cached": off_a_cached, "off_b": off_b, "on_a": on_a}, f)
+    return 1 if report["failed"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,8 +6,8 @@
     python benchmark/yoco_gemma4/run.py OUTDIR --report-only   # tables + plots from OUTDIR
     python benchmark/yoco_gemma4/run.py OUTDIR --merge OFFDIR,ONDIR   # one table from two --modes runs
 
-1. Prefill (engine level, prefill_bench.py): lengths 64 .. 32k at batch 1 and 8, YOCO
-   off, on, and the ceiling (the model cut to its first KV-shared layer, no sharing).
+1. Prefill (engine level, prefill_bench.py and its method): lengths 64 .. 32k at batch 1
+   and 8, YOCO off, on, and the ceiling (the fast path without its back half).
 2. Served (`python -m sglang.benchmark.serving`, random ids at fixed lengths, seed 0):
    summ 8000 in / 1000 out and chat 1000 / 1000, 80 prompts each, then a concurrency
    sweep (1, 8, 32, 80) on chat. One server per mode on the same GPU; output tok/s,
@@ -43,7 +43,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from checkpoints import ceiling_variant, engine_kwargs, mtp_kwargs, text_config, write_assistant_checkpoint  # noqa: E402
+from checkpoints import engine_kwargs, mtp_kwargs, text_config, write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
 
 PREFILL_POINTS = [(L, n) for L in (64, 256, 1024, 2048, 4096, 8000, 16000, 32000) for n in (1, 8)]
@@ -77,19 +77,16 @@ def log(msg):
 
 
 def run_prefill(out, variant, quick, tp):
-    from prefill_bench import sweep
+    from prefill_bench import MIN_REPEATS, sweep
 
     points = [(256, 8), (1024, 8), (8000, 8)] if quick else PREFILL_POINTS
     full = make_checkpoint(f"{out}/ckpt-{variant}", variant)
-    cv = ceiling_variant(variant)
-    ceiling = make_checkpoint(f"{out}/ckpt-{cv}", cv) if cv else None
-    vocab = text_config(variant)["vocab_size"]
+    cfg = text_config(variant)
     res = []
-    for mode, path in (("off", full), ("on", full), ("ceiling", ceiling)):
-        if path is None:
-            continue
+    # The ceiling serves the full model (the fast path without its back half).
+    for mode in ("off", "on", "ceiling") if cfg.get("num_kv_shared_layers", 0) > 0 else ("off", "on"):
         log(f"prefill: mode {mode}, {len(points)} points")
-        res += sweep(mode, path, points, 1 if quick else 3, tp, vocab)
+        res += sweep(mode, full, points, 1 if quick else MIN_REPEATS, tp, cfg["vocab_size"])
     return res
 
 
