@@ -20,6 +20,7 @@ prompts take the fast path). DEMO_PORT sets the port (30123).
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -104,12 +105,22 @@ def server_command(model: str, port: int, extra=()) -> list:
     return [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", model, "--served-model-name", MODEL_NAME,
-        "--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32",
+        "--device", "cpu", "--dtype", "float32",  # on CPU the attention backend is torch_native
         "--max-total-tokens", "8192", "--port", str(port), "--log-level", "info",
         # min-tokens 0: the demo's short prompts take the fast path too (unset, the
         # threshold is 4096 new tokens where the back half runs eager, as on CPU)
         "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0", *extra,
     ]
+
+
+def shown_command(cmd) -> str:
+    """The server command as a user can paste it from the repository's root: the venv's
+    interpreter by its path (not a bare `python`, which may be another one)."""
+    py = cmd[0]
+    if os.path.abspath(py).startswith(ROOT + os.sep):
+        py = os.path.relpath(os.path.abspath(py), ROOT)
+    return shlex.join([py, *(os.path.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a
+                             for a in cmd[1:])])
 
 
 class Server:
@@ -207,7 +218,7 @@ def main():
     url = f"http://127.0.0.1:{PORT}"
     model = build_model(os.path.join(ROOT, "build", "demo-model"))
     cmd = server_command(model, PORT, args)
-    print("$", " ".join(cmd[1:] if cmd[0] == sys.executable else cmd), flush=True)
+    print("$", shown_command(cmd), flush=True)
     server = Server(cmd)
     try:
         server.wait_healthy(url)

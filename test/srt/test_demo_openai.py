@@ -28,6 +28,23 @@ def free_port():
         return s.getsockname()[1]
 
 
+def test_the_printed_server_command_can_be_pasted():
+    """The demo prints its server command as a user pastes it from the repository's root:
+    the venv's interpreter by its path, then the same arguments."""
+    import shlex
+    import sys
+
+    demo = load_demo()
+    cmd = demo.server_command(os.path.join(ROOT, "build", "demo-model"), 30123)
+    shown = shlex.split(demo.shown_command(cmd))
+    assert shown[0] != "-m" and os.path.samefile(os.path.join(ROOT, shown[0]) if not
+                                                 os.path.isabs(shown[0]) else shown[0],
+                                                 sys.executable)
+    assert shown[1:3] == ["-m", "sglang.launch_server"]
+    assert shown[shown.index("--model-path") + 1] == "build/demo-model"
+    assert "--attention-backend" not in shown  # the CPU default is the one that runs
+
+
 def test_tokenizer_round_trip(tmp_path):
     demo = load_demo()
     demo.write_tokenizer(str(tmp_path), 512)
