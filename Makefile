@@ -14,7 +14,8 @@ SUITE := test/srt test/bench test/tools
 PHASE :=
 else
 VENV := .venv-$(BASE)
-REQS := bases/$(BASE)/requirements-cpu.txt
+# A base's requirements-cpu.txt holds only the pins that differ: the whole list is built.
+REQS := build/requirements-$(BASE).txt
 SUITE := test/srt
 empty :=
 PHASE := $(empty) ($(BASE))
@@ -30,6 +31,9 @@ JOBS ?= 2
 export OMP_NUM_THREADS ?= 1
 
 .PHONY: demo test install check export clean
+
+build/requirements-$(BASE).txt: requirements-cpu.txt bases/$(BASE)/requirements-cpu.txt
+	$(FORK) requirements $@
 
 $(VENV)/.deps: $(REQS)
 	@$(PY) tools/check_env.py $(VENV)

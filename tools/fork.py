@@ -95,7 +95,7 @@ from forklib.probes import _Interpreter, _tree_env, preload_names, python_module
 from forklib.series import ADDS_HEADER, SHARED_HEADER, Step, lint_series, patch_message, read_series, stacks_of  # noqa: E402,F401
 from forklib.tree import (Materialized, added_contents, apply_step, changed_files,  # noqa: E402,F401
                           create_base, import_tree, materialize, module_files, verify_modules)
-from forklib.wheel import build_wheel, diffstat, install, overlay  # noqa: E402,F401
+from forklib.wheel import base_requirements, build_wheel, diffstat, install, overlay  # noqa: E402,F401
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -776,3 +776,16 @@ def test_preloaded_interpreter_runs_each_command_as_a_new_process_would(tmp_path
     assert other.proc is None
     res = other.run(["-c", script, "5", "y"], tmp_path, env)
     assert res.returncode == 5 and str(tree / "__init__.py") in res.stdout
+
+
+def test_a_base_lists_only_the_pins_that_differ(env):
+    """A base's requirements-cpu.txt holds only its own pins; `requirements` writes the
+    default base's list with those in place (and any new one at the end)."""
+    (env.root / "requirements-cpu.txt").write_text("# cpu\naaa==1.0\nBbb_c==2.0\nccc==3.0\n")
+    other = second_base(env)
+    (other.base_dir / "requirements-cpu.txt").write_text("# differs\nbbb-c==2.5\nddd==4.0\n")
+    assert fork.base_requirements(other) == "# cpu\naaa==1.0\nbbb-c==2.5\nccc==3.0\nddd==4.0\n"
+    assert fork.base_requirements(env) == "# cpu\naaa==1.0\nBbb_c==2.0\nccc==3.0\n"
+    assert fork.main(["--base", "0.5.99", "requirements", str(env.root / "r.txt")],
+                     fork=other) == 0
+    assert (env.root / "r.txt").read_text().splitlines()[2] == "bbb-c==2.5"

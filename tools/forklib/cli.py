@@ -14,7 +14,7 @@ from .core import Fork, ForkError
 from .export import export
 from .series import lint_series, read_series, stacks_of
 from .tree import import_tree, materialize
-from .wheel import diffstat, install, overlay
+from .wheel import base_requirements, diffstat, install, overlay
 
 
 def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                    help="with --each: leave every stack's tests without a step to the suite "
                    "(make test); steps' own tests and proofs still run")
     sub.add_parser("diffstat", help="files and +/- lines per step")
+    p = sub.add_parser("requirements", help="this base's CPU requirements (the default "
+                       "base's with this base's pins), written to FILE")
+    p.add_argument("file", type=Path)
     p = sub.add_parser("compare", help="export at REV (with REV's own tool) and here, and "
                        "compare every step's tree")
     p.add_argument("rev", help="a commit of this repository, e.g. main~1")
@@ -101,6 +104,9 @@ def main(argv: list[str] | None = None, fork: Fork | None = None) -> int:
                   f"{len(res.created)} new files")
         elif args.cmd == "diffstat":
             print(diffstat(fork))
+        elif args.cmd == "requirements":
+            args.file.parent.mkdir(parents=True, exist_ok=True)
+            args.file.write_text(base_requirements(fork))
         elif args.cmd == "compare":
             print(compare_exports(fork, args.rev))
     except ForkError as e:

@@ -138,3 +138,28 @@ def diffstat(fork: Fork) -> str:
                     plus, minus, path = line.split("\t")
                     out.append(f"    {path}  +{plus} -{minus}")
     return "\n".join(out)
+
+
+def _pin_name(line: str) -> str | None:
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==", line)
+    return m[1].lower().replace("_", "-").replace(".", "-") if m else None
+
+
+def base_requirements(fork: Fork) -> str:
+    """This base's CPU requirements: the default base's requirements-cpu.txt with the pins
+    this base's own file lists in place of theirs (a base keeps only what differs)."""
+    default = (fork.root / "requirements-cpu.txt").read_text()
+    if fork.base is None:
+        return default
+    own = fork.base_dir / "requirements-cpu.txt"
+    pins = {_pin_name(l): l.strip() for l in own.read_text().splitlines() if _pin_name(l)}
+    out, used = [], set()
+    for line in default.splitlines():
+        name = _pin_name(line)
+        if name in pins:
+            line = pins[name]
+            used.add(name)
+        out.append(line)
+    out += [pins[n] for n in pins if n not in used]  # new on this base
+    return "\n".join(out) + "\n"
+
