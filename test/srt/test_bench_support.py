@@ -57,6 +57,53 @@ def test_dummy_loader_draws_weights_at_scale(monkeypatch):
 
 
 @pytest.mark.stack("bench-support", step="dummy-weights-at-scale")
+@pytest.mark.parametrize("config", ["gemma-4-E4B-it", "gemma-3n-E2B-it", "gemma-3n-E4B-it"])
+def test_seeded_attention_logits_spread_as_a_trained_models(config):
+    """Gemma-4's and Gemma-3n's attention has no 1/sqrt(head_dim): seeded q/k norm scales
+    of head_dim**-0.25 give attention logits of unit-order spread on the released
+    shapes, as a trained model's; scales near 1 gave a spread of about sqrt(head_dim)
+    (16: near-argmax attention, whose output one bf16 rounding flips)."""
+    import json
+    import os
+    import types
+
+    from sglang.srt.model_loader.scaled_dummy_weights import initialize_scaled_dummy_weights
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "benchmark", "yoco_gemma4", "configs",
+                           f"{config}.text_config.json")) as f:
+        text = json.load(f)["text_config"]
+    hidden, head = text["hidden_size"], text["head_dim"]
+    heads, kv = text["num_attention_heads"], text["num_key_value_heads"]
+
+    class Attention(torch.nn.Module):  # the weights the rule sees, by their names
+        def __init__(self):
+            super().__init__()
+            self.config = types.SimpleNamespace(model_type=text["model_type"])
+            self.q_proj = torch.nn.Linear(hidden, heads * head, bias=False)
+            self.k_proj = torch.nn.Linear(hidden, kv * head, bias=False)
+            self.q_norm = torch.nn.Module()
+            self.q_norm.weight = torch.nn.Parameter(torch.empty(head))
+            self.k_norm = torch.nn.Module()
+            self.k_norm.weight = torch.nn.Parameter(torch.empty(head))
+
+    attn = Attention()
+    initialize_scaled_dummy_weights(attn)
+
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    gen = torch.Generator().manual_seed(0)
+    states = torch.randn(64, hidden, generator=gen)  # normed input: RMS 1
+    with torch.no_grad():
+        q = norm(attn.q_proj(states).view(64, heads, head), attn.q_norm.weight)
+        k = norm(attn.k_proj(states).view(64, kv, head), attn.k_norm.weight)
+        k = k.repeat_interleave(heads // kv, dim=1)
+        logits = torch.einsum("qhd,khd->hqk", q, k)  # the models' attention scaling is 1
+    assert 0.5 < logits.std().item() < 3.0, logits.std().item()
+
+
+@pytest.mark.stack("bench-support", step="dummy-weights-at-scale")
 def test_dummy_loader_is_stock_without_the_switch(monkeypatch):
     monkeypatch.delenv("SGLANG_DUMMY_WEIGHTS_AT_SCALE", raising=False)
     w = _dummy_load(monkeypatch)

@@ -18,6 +18,10 @@ stream that persists and grows with depth. For Gemma-4 (model_type gemma4*):
   * token embeddings (tied with lm_head) at RMS 0.25 of the post-norm branch
     outputs, final norm x4 to keep the logit scale: otherwise the input token's
     embedding dominates the final state and the model predicts its own input.
+Gemma-3n (model_type gemma3n*) has no 1/sqrt(head_dim) in attention either: its q/k
+norm scales get the same head_dim**-0.25 (trained ones are that small, or the model's
+attention would be near-argmax and a bf16 rounding would flip its output); its other
+weights follow the generic rule.
 Each tensor is seeded by its name: stable across runs, processes and load order.
 """
 
@@ -33,12 +37,20 @@ _BRANCH_NORMS = (
 _QK_NORMS = ("q_norm.weight", "k_norm.weight")
 
 
-def _is_gemma4(model: torch.nn.Module) -> bool:
+def _model_types(model: torch.nn.Module) -> list:
     cfg = getattr(model, "config", None)
     types = [getattr(cfg, "model_type", "")]
     if cfg is not None and hasattr(cfg, "get_text_config"):
         types.append(getattr(cfg.get_text_config(), "model_type", ""))
-    return any(str(t).startswith("gemma4") for t in types)
+    return [str(t) for t in types]
+
+
+def _is_gemma4(model: torch.nn.Module) -> bool:
+    return any(t.startswith("gemma4") for t in _model_types(model))
+
+
+def _is_gemma3n(model: torch.nn.Module) -> bool:
+    return any(t.startswith("gemma3n") for t in _model_types(model))
 
 
 def fill_scaled_dummy(
@@ -47,6 +59,7 @@ def fill_scaled_dummy(
     gen: torch.Generator,
     *,
     gemma4: bool = True,
+    gemma3n: bool = False,
     logit_std: float = 6.0,
     embed_rms: float = 0.25,
     branch_norm: float = 1.0,
@@ -72,7 +85,7 @@ def fill_scaled_dummy(
         tmp.normal_(0.0, std * embed_rms if embed else std, generator=gen)
     elif gemma4 and name.endswith(_BRANCH_NORMS):
         tmp.normal_(branch_norm, 0.1 * branch_norm, generator=gen)
-    elif gemma4 and qk_unit and name.endswith(_QK_NORMS):
+    elif (gemma4 or gemma3n) and qk_unit and name.endswith(_QK_NORMS):
         g = tmp.shape[0] ** -0.25
         tmp.normal_(g, 0.1 * g, generator=gen)
     else:
@@ -83,6 +96,7 @@ def initialize_scaled_dummy_weights(
     model: torch.nn.Module, seed: int = 1234, **knobs
 ) -> None:
     knobs.setdefault("gemma4", _is_gemma4(model))
+    knobs.setdefault("gemma3n", _is_gemma3n(model))
     for name, param in model.state_dict().items():
         if not torch.is_floating_point(param):
             continue
