@@ -9,12 +9,13 @@ The fork is not a copy of SGLang.  It is:
                           listed in dependency order, and each depends only on those above.
   * patches/NN-stack/     `git format-patch` mails, one concern each, plus cover-letter.md
                           (the pull request's description).  A patch carries the step's
-                          edits to upstream files (and to a new module an earlier step
-                          added); the new files it adds it only names, one header line
-                          each (`X-Fork-Adds: python/sglang/...`).
+                          edits to upstream files only; the new files it adds it names, one
+                          header line each (`X-Fork-Adds: python/sglang/...`), and what it
+                          changes in a module an earlier step added is kept beside it
+                          (NNNN-name.replaced.json: only the lines it replaced).
   * python/...            the new modules, once, at their final content, as plain files to
-                          read and edit.  A step adds a module at the content it has there:
-                          the final one with the later steps' changes to it reverse-applied.
+                          read and edit.  A step writes a module at the content it has
+                          there: the final one with the later steps' records undone.
 
 Patches are applied with git's own `git am` onto a git repository of the wheel's files in
 upstream's layout (python/sglang/...): exact context, line offsets tolerated, no fuzz, as a
@@ -93,7 +94,7 @@ from forklib.marks import (MarkedTest, collect_marked_tests, known_bases, left_o
                            not_yet_ported, tests_of_base, validate_marks)
 from forklib.probes import _Interpreter, _tree_env, preload_names, python_modules  # noqa: E402,F401
 from forklib.series import ADDS_HEADER, SHARED_HEADER, Step, lint_series, patch_message, read_series, stacks_of  # noqa: E402,F401
-from forklib.tree import (Materialized, added_contents, apply_step, changed_files,  # noqa: E402,F401
+from forklib.tree import (Materialized, step_contents, apply_step, changed_files,  # noqa: E402,F401
                           create_base, import_tree, materialize, module_files, verify_modules)
 from forklib.wheel import base_requirements, build_wheel, diffstat, install, overlay  # noqa: E402,F401
 

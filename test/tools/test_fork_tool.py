@@ -147,12 +147,14 @@ def test_each_step_carries_its_modules_at_that_steps_content(two_stacks, tmp_pat
     assert [s.id for s in fork.read_series(env)] == [
         "fixes/gemma-line-22", "yoco/yoco-module", "yoco/yoco-grows"]
     # python/ holds the final content, once: the step that adds the module names it, and
-    # the later step that changes it carries only that change
+    # the later step that changes it records only the lines its change replaced
     assert (env.root / YOCO).read_text() == "X = 1\nY = X + 1\n"
     first = (env.root / "patches/02-yoco/0001-yoco-module.patch").read_text()
     assert f"\n{fork.ADDS_HEADER}: {YOCO}\n" in first and "X = 1" not in first
     grows = (env.root / "patches/02-yoco/0002-yoco-grows.patch").read_text()
-    assert "\n X = 1\n+Y = X + 1\n" in grows and "new file mode" not in grows
+    assert "yoco.py" not in grows and "+++ /dev/null" in grows  # old.py's removal stays
+    record = json.loads((env.root / "patches/02-yoco/0002-yoco-grows.replaced.json").read_text())
+    assert record[YOCO]["replaced"] == [[1, 2, []]]  # line 2 is new; no final text kept
     part = fork.materialize(env, tmp_path / "part", upto="yoco-grows")
     assert (part.dest / YOCO).read_text() == "X = 1\n"
     assert (part.dest / "python/sglang/srt/old.py").exists()
@@ -168,23 +170,21 @@ def test_each_step_carries_its_modules_at_that_steps_content(two_stacks, tmp_pat
 
 
 def test_a_module_is_edited_in_place_and_lands_in_its_step(two_stacks, tmp_path):
-    """An edit of python/ outside a later step's change belongs to the step that adds the
-    module; one inside it cannot be placed, and says so; a file no step adds is refused."""
+    """An edit of a module under python/ lands in the step that adds it; where a later
+    step changes the module, its record no longer applies and says so (rework through
+    materialize, rebase, import); a file no step adds is refused."""
     big = "python/sglang/srt/big.py"
-    lines = [f"B{i} = {i}\n" for i in range(12)]
-    add_step(two_stacks, "03-big/0001-big.patch", write(big, "".join(lines)), "feat: big")
-    add_step(two_stacks, "03-big/0002-big-grows.patch",
-             write(big, "".join(lines[:9] + ["B8b = 0\n"] + lines[9:])), "feat: big grows")
-    (two_stacks.root / big).write_text('"""Doc."""\n' + (two_stacks.root / big).read_text())
-    part = fork.materialize(two_stacks, tmp_path / "part", upto="big-grows")
-    assert (part.dest / big).read_text() == '"""Doc."""\n' + "".join(lines)
+    lines = "".join(f"B{i} = {i}\n" for i in range(12))
+    add_step(two_stacks, "03-big/0001-big.patch", write(big, lines), "feat: big")
+    (two_stacks.root / big).write_text('"""Doc."""\n' + lines)
     full = fork.materialize(two_stacks, tmp_path / "full")
-    assert (full.dest / big).read_text() == (two_stacks.root / big).read_text()
-    (two_stacks.root / big).write_text((two_stacks.root / big).read_text().replace("B8 ", "B9 "))
-    with pytest.raises(fork.ForkError, match="big-grows.patch makes to it no longer "
-                                              "reverse-applies"):
+    assert git(full.dest, "show", f"HEAD:{big}") == '"""Doc."""\n' + lines
+    assert git(full.dest, "show", f"HEAD~1:{YOCO}") == "X = 1\nY = X + 1\n"
+    (two_stacks.root / YOCO).write_text('"""Doc."""\nX = 1\nY = X + 1\n')
+    with pytest.raises(fork.ForkError, match=r"yoco.py \(step 02-yoco/0002-yoco-grows.patch\): "
+                                              "the module is not the content the record"):
         fork.materialize(two_stacks, tmp_path / "out")
-    (two_stacks.root / big).write_text('"""Doc."""\n' + "".join(lines[:9] + ["B8b = 0\n"] + lines[9:]))
+    (two_stacks.root / YOCO).write_text("X = 1\nY = X + 1\n")
     (two_stacks.root / "python/sglang/srt/stray.py").write_text("")
     with pytest.raises(fork.ForkError, match="python/sglang/srt/stray.py is added by no step"):
         fork.materialize(two_stacks, tmp_path / "out")
@@ -193,6 +193,11 @@ def test_a_module_is_edited_in_place_and_lands_in_its_step(two_stacks, tmp_path)
     p = two_stacks.root / "patches/01-fixes/0001-gemma-line-22.patch"
     p.write_text(p.read_text() + "diff --git a/python/x.py b/python/x.py\nnew file mode 100644\n")
     assert any("adds a file inside the patch" in m
+               for m in fork.lint_series(fork.read_series(two_stacks)))
+    # and so is a later step's change to a module an earlier step adds: it is a record
+    g = two_stacks.root / "patches/02-yoco/0002-yoco-grows.patch"
+    g.write_text(g.read_text() + f"diff --git a/{YOCO} b/{YOCO}\n--- a/{YOCO}\n+++ b/{YOCO}\n")
+    assert any(f"changes {YOCO}, a module an earlier step adds" in m
                for m in fork.lint_series(fork.read_series(two_stacks)))
 
 
@@ -452,7 +457,7 @@ def test_a_base_without_a_later_stack_keeps_the_shared_module_as_it_was_there(tw
              "feat(yoco): differs here")
     assert (other.own_python / "sglang/srt/yoco.py").read_text() == "X = 1\nY = 2\n"
     (other.own_python / "sglang/srt/yoco.py").unlink()
-    with pytest.raises(fork.ForkError, match="0002-yoco-differs.patch makes to it no longer reverse-applies"):
+    with pytest.raises(fork.ForkError, match=r"0002-yoco-differs.patch\): the module is not the content"):
         fork.materialize(other, tmp_path / "out2")
 
 
@@ -515,9 +520,9 @@ def test_compare_finds_the_same_trees_across_a_change_of_layout(two_stacks, tmp_
     p = env.patches_dir / "02-yoco/0002-yoco-grows.patch"
     p.write_text(p.read_text().replace("Why it is needed.", "Why it is needed, said again."))
     assert "same tree at each of their 3 steps" in fork.compare_exports(env, "HEAD")
-    (env.root / YOCO).write_text("X = 1\nY = X + 2\n")
-    p.write_text(p.read_text().replace("+Y = X + 1", "+Y = X + 2"))
-    with pytest.raises(fork.ForkError, match="differ at:\n  02-yoco/0002-yoco-grows.patch"):
+    fix = env.patches_dir / "01-fixes/0001-gemma-line-22.patch"
+    fix.write_text(fix.read_text().replace("+line22 = 'patched'", "+line22 = 'other'"))
+    with pytest.raises(fork.ForkError, match="differ at:\n  01-fixes/0001-gemma-line-22.patch"):
         fork.compare_exports(env, "HEAD")
 
 

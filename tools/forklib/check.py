@@ -15,7 +15,7 @@ from .core import BASE_TAG, Fork, ForkError, git
 from .marks import collect_marked_tests, left_out_why, tests_of_base
 from .probes import COMPILE_PROBE, IMPORT_FAILED, IMPORT_PROBE, _Interpreter, _tree_env, preload_names, python_modules
 from .series import Step, lint_series, read_series, stacks_of
-from .tree import added_contents, apply_step, changed_files, create_base, verify_modules
+from .tree import step_contents, apply_step, changed_files, create_base, verify_modules
 
 
 @dataclass
@@ -157,7 +157,7 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
         checked: list[Step] = []
         skipping = start is not None
         before = git(tree, "rev-parse", "HEAD").stdout.strip()
-        contents = added_contents(fork, steps)
+        contents = step_contents(fork, steps)
         for s in steps:
             apply_step(tree, s, contents.get(s.name))
             after = git(tree, "rev-parse", "HEAD").stdout.strip()

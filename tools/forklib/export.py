@@ -10,7 +10,7 @@ from pathlib import Path
 from .core import BASE_TAG, TEST_DIRS, Fork, ForkError, git, prepare_dest
 from .marks import _stack_mark, collect_marked_tests, tests_of_base
 from .series import Step, read_series, stacks_of
-from .tree import added_contents, apply_step, changed_files, create_base, verify_modules
+from .tree import step_contents, apply_step, changed_files, create_base, verify_modules
 
 
 # conftest.py of a test folder: from the line with this text on, the fork's own test
@@ -189,7 +189,7 @@ def export(fork: Fork, outdir: Path, force: bool = False) -> list[str]:
         tree.mkdir()
         create_base(fork, tree)
         before: dict[str, bytes] = {}
-        contents = added_contents(fork, steps)
+        contents = step_contents(fork, steps)
         for s, files in zip(steps, carried):
             apply_step(tree, s, contents.get(s.name))
             changed = sorted(r for r, data in files.items() if before.get(r) != data)

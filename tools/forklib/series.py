@@ -125,8 +125,14 @@ def patch_message(path: Path | str) -> tuple[str, str]:
 def lint_series(steps: list[Step]) -> list[str]:
     """Problems a reviewer would flag in the messages (empty bodies, history references),
     and a new file written into a patch instead of python/."""
-    problems = []
+    problems, added = [], set()
     for s in steps:
+        text = s.path.read_text(errors="surrogateescape")
+        for rel in sorted(set(re.findall(r"^\+\+\+ b/(\S+)$", text, re.M)) & added):
+            problems.append(f"{s.line}: changes {rel}, a module an earlier step adds, inside "
+                            "the patch; the change goes in the step's record "
+                            "(NNNN-name.replaced.json; tools/fork.py import writes it)")
+        added.update(s.adds)
         subject, body = patch_message(s.path)
         if not subject:
             problems.append(f"{s.line}: no Subject")
@@ -137,7 +143,7 @@ def lint_series(steps: list[Step]) -> list[str]:
             if re.search(pat, subject + "\n" + body, re.I):
                 problems.append(f"{s.line}: message cites {pat!r} (evidence goes in the "
                                 "cover letter)")
-        if re.search(r"^new file mode ", s.path.read_text(errors="surrogateescape"), re.M):
+        if re.search(r"^new file mode ", text, re.M):
             problems.append(f"{s.line}: adds a file inside the patch; a new file lives under "
                             f"python/ and the patch names it ({ADDS_HEADER}; tools/fork.py "
                             "import writes both)")

@@ -1,9 +1,10 @@
 """Materialize: the wheel's files as a git repository, one commit per step, each step's
-new files written from python/ at the content they have at that step."""
+new modules written from python/ at the content they have after it; import: back."""
 from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from .core import BASE_TAG, Fork, ForkError, fetch_wheel, git, pick_key, prepare_dest, unpack_package
 from .marks import not_yet_ported
+from .records import make_record, records_path, step_records, undo, write_records
 from .series import ADDS_HEADER, SHARED_HEADER, Step, header_files, patch_message, read_series
 
 
@@ -35,34 +37,14 @@ def module_source(fork: Fork, rel: str) -> Path:
     return own if fork.base is not None and own.is_file() else fork.root / rel
 
 
-def _edits(step: Step, rel: str) -> Path | None:
-    """The patch that carries step's change to ``rel``, if it changes it."""
-    if not step.path.is_file():
-        return None
-    if f"\ndiff --git a/{rel} b/{rel}\n" in step.path.read_text(errors="surrogateescape"):
-        return step.path
-    return step.shared if rel in step.shared_files else None
-
-
 def _reverse(fork: Fork, rel: str, data: bytes, later: list[Step]) -> bytes:
-    """``data`` with the changes of ``later`` (in series order) to ``rel`` reverse-applied,
-    latest first (git apply -R)."""
-    with tempfile.TemporaryDirectory(prefix="fork-adds-") as tmp:
-        scratch = Path(tmp)
-        git(scratch, "init", "-q")
-        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
-        (scratch / rel).write_bytes(data)
-        for s in reversed(later):
-            patch = _edits(s, rel)
-            if patch:
-                res = git(scratch, "apply", "-R", f"--include={rel}", str(patch), check=False)
-                if res.returncode:
-                    raise ForkError(
-                        f"{fork.rel(module_source(fork, rel))}: the change step {s.line} makes "
-                        f"to it no longer reverse-applies to its content ({res.stderr.strip()})"
-                        "; an edit inside a later step's change belongs to that step: "
-                        "tools/fork.py materialize, git rebase -i, tools/fork.py import")
-        return (scratch / rel).read_bytes()
+    """``data`` with the changes of ``later`` (in series order) to ``rel`` undone, latest
+    first, from their records."""
+    for s in reversed(later):
+        record = step_records(s).get(rel) if s.path.is_file() else None
+        if record:
+            data = undo(data, record, f"{fork.rel(module_source(fork, rel))} (step {s.line})")
+    return data
 
 
 def final_content(fork: Fork, rel: str, steps: list[Step]) -> bytes:
@@ -78,37 +60,45 @@ def final_content(fork: Fork, rel: str, steps: list[Step]) -> bytes:
     return _reverse(fork, rel, src.read_bytes(), lacks)
 
 
-def added_contents(fork: Fork, steps: list[Step]) -> dict[str, dict[str, bytes]]:
-    """{step name: {new file: its content at that step}}. A new file lives once, at its
-    final content; a later step that changes it carries that change as a diff, so the
-    content a step adds is the final one with the later steps' diffs reverse-applied."""
-    created: dict[str, int] = {}
+def step_contents(fork: Fork, steps: list[Step]) -> dict[str, dict[str, bytes]]:
+    """{step name: {new module: its content after that step}}, for the modules each step
+    adds or changes: the final content, with the later steps' recorded changes undone."""
+    touched: dict[str, list[int]] = {}
     for i, s in enumerate(steps):
         if not s.path.is_file():
             continue  # --upto a step being written
         for rel in s.adds:
-            if rel in created:
-                raise ForkError(f"{rel} is added by two steps ({steps[created[rel]].line}, "
+            if rel in touched:
+                raise ForkError(f"{rel} is added by two steps ({steps[touched[rel][0]].line}, "
                                 f"{s.line})")
-            created[rel] = i
+            touched[rel] = [i]
+        for rel in step_records(s):
+            if rel not in touched:
+                raise ForkError(f"{s.line} records a change to {rel}, which no step before "
+                                "it adds")
+            touched[rel].append(i)
     out: dict[str, dict[str, bytes]] = {}
-    for rel, i in created.items():
-        if not module_source(fork, rel).is_file():
-            raise ForkError(f"{steps[i].line} adds {rel}, but "
-                            f"{fork.rel(module_source(fork, rel))} does not exist")
-        out.setdefault(steps[i].name, {})[rel] = _reverse(
-            fork, rel, final_content(fork, rel, steps), steps[i + 1:])
+    for rel, at in touched.items():
+        src = module_source(fork, rel)
+        if not src.is_file():
+            raise ForkError(f"{steps[at[0]].line} adds {rel}, but {fork.rel(src)} does not exist")
+        data = final_content(fork, rel, steps)
+        for j in reversed(at):
+            out.setdefault(steps[j].name, {})[rel] = data
+            if j != at[0]:
+                data = undo(data, step_records(steps[j])[rel], f"{fork.rel(src)} (step "
+                            f"{steps[j].line})")
     return out
 
 
-def apply_step(tree: Path, step: Step, adds: dict[str, bytes] | None = None) -> None:
-    """`git am` one step, with the new files it adds (and, for another base's own patch,
-    the files it takes from the default base's patch); on failure leave the tree as it
-    was and say why."""
+def apply_step(tree: Path, step: Step, contents: dict[str, bytes] | None = None) -> None:
+    """`git am` one step, with the new modules it adds or changes at their content after
+    it (and, for another base's own patch, the files it takes from the default base's
+    patch); on failure leave the tree as it was and say why."""
     res = git(tree, "am", "-q", "--keep-cr", str(step.path), check=False)
     empty = "\ndiff --git " not in step.path.read_text(errors="surrogateescape")
     shared = step.shared_files
-    if res.returncode and not (empty and (adds or shared)):
+    if res.returncode and not (empty and (contents or shared)):
         git(tree, "am", "--abort", check=False)
         raise ForkError(f"step {step.line} does not apply (git am, exact context):\n"
                         f"{(res.stdout + res.stderr).strip()}\n"
@@ -123,12 +113,12 @@ def apply_step(tree: Path, step: Step, adds: dict[str, bytes] | None = None) -> 
             raise ForkError(f"step {step.line}: the default base's patch "
                             f"({step.shared.name}) does not apply to {', '.join(shared)} here:"
                             f"\n{got.stderr.strip()}")
-    for rel, data in (adds or {}).items():
+    for rel, data in (contents or {}).items():
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_bytes(data)
-    if adds:
-        git(tree, "add", "--", *adds)
-    if adds or shared:
+    if contents:
+        git(tree, "add", "--", *contents)
+    if contents or shared:
         if res.returncode:  # its own mail has no diff
             git(tree, "am", "--continue")
         else:
@@ -138,7 +128,7 @@ def apply_step(tree: Path, step: Step, adds: dict[str, bytes] | None = None) -> 
 def apply_series(fork: Fork, tree: Path, steps: list[Step], all_steps: list[Step] | None = None,
                  on_step=None) -> None:
     """Apply ``steps`` in order onto ``tree`` (a fresh base)."""
-    contents = added_contents(fork, all_steps or steps)
+    contents = step_contents(fork, all_steps or steps)
     for s in steps:
         apply_step(tree, s, contents.get(s.name))
         if on_step:
@@ -226,27 +216,29 @@ def verify_modules(fork: Fork, tree: Path, steps: list[Step]) -> None:
         raise ForkError("the new modules do not match the series:\n  " + "\n  ".join(problems))
 
 
-def step_mail(tree: Path, sha: str, adds: list[str], shared: tuple[str, ...] = ()) -> str:
+def step_mail(tree: Path, sha: str, adds: list[str], shared: tuple[str, ...] = (),
+              modules: tuple[str, ...] = ()) -> str:
     """The commit as the series keeps it: git format-patch without the diffstat (an export
-    has it) and without the files it adds, which a header names instead (nor those it
-    takes from the default base's patch, named by another)."""
+    has it), without the files it adds, which a header names instead, nor those it takes
+    from the default base's patch (named by another), nor its changes to new modules
+    (their records hold them)."""
     fmt = ["--stdout", "--zero-commit", "--no-signature"]
     head, _, rest = git(tree, "format-patch", "-1", *fmt, sha).stdout.partition("\n\n")
     message = "" if rest.startswith("---\n") else rest.split("\n---\n", 1)[0] + "\n"
     diff = git(tree, "format-patch", "--no-stat", *fmt, f"{sha}~1..{sha}", "--", ".",
-               *(f":(exclude){rel}" for rel in [*adds, *shared])).stdout
+               *(f":(exclude){rel}" for rel in [*adds, *shared, *modules])).stdout
     at = diff.find("\ndiff --git ")
     head += "".join(f"\n{ADDS_HEADER}: {rel}" for rel in adds)
     head += "".join(f"\n{SHARED_HEADER}: {rel}" for rel in shared)
     return f"{head}\n\n{message}---\n{diff[at + 1:] if at >= 0 else ''}"
 
 
-def files_as_shared(tree: Path, sha: str, shared: Path, adds: list[str]) -> tuple[list[str], bool]:
+def files_as_shared(tree: Path, sha: str, shared: Path, skip: list[str]) -> tuple[list[str], bool]:
     """(the files whose change in commit ``sha`` the default base's patch ``shared``
-    makes the same, whether it makes the whole change the same): another base keeps a
-    step of its own only where that patch does not apply, and in it only the files
-    where it differs."""
-    changed = [p for p, st in changed_files(tree, f"{sha}~1..{sha}").items() if p not in adds]
+    makes the same, whether it makes the whole change the same; ``skip``: the new modules
+    the commit adds or changes, kept apart): another base keeps a step of its own only
+    where that patch does not apply, and in it only the files where it differs."""
+    changed = [p for p in changed_files(tree, f"{sha}~1..{sha}") if p not in skip]
     touched = set(re.findall(r"^diff --git a/(\S+) ", shared.read_text(errors="surrogateescape"),
                              re.M))
     same = []
@@ -263,14 +255,19 @@ def files_as_shared(tree: Path, sha: str, shared: Path, adds: list[str]) -> tupl
             want = git(tree, "ls-tree", sha, "--", f).stdout.split()
             if mine[:2] == want[:1] + want[2:3]:
                 same.append(f)
-    whole = len(same) == len(changed) and set(same) == touched - set(adds)
-    return same, whole and sorted(header_files(shared, ADDS_HEADER)) == adds
+    return same, len(same) == len(changed) and set(same) == touched
+
+
+def _blob(tree: Path, spec: str) -> bytes:
+    return subprocess.run(["git", "-C", str(tree), "show", spec], capture_output=True,
+                          check=True).stdout
 
 
 def import_tree(fork: Fork, tree: Path) -> list[str]:
     """Write the commits after fork-base in ``tree`` back as the series' patches, in order
-    (another base: only the steps the default base's patch does not make the same), and
-    the new files they add at their final content under python/."""
+    (another base: only the steps the default base's patch does not make the same), the
+    new files they add at their final content under python/, and the records of the
+    changes later steps make to them."""
     tree = Path(tree)
     steps = read_series(fork, need_files=False)
     commits = git(tree, "rev-list", "--reverse", f"{BASE_TAG}..HEAD").stdout.split()
@@ -281,21 +278,32 @@ def import_tree(fork: Fork, tree: Path) -> list[str]:
                         "(or remove a dropped one)")
     written, created = [], []
     for sha, s in zip(commits, steps):
-        adds = sorted(p for p, st in changed_files(tree, f"{sha}~1..{sha}").items() if st == "A")
+        status = changed_files(tree, f"{sha}~1..{sha}")
+        adds = sorted(p for p, st in status.items() if st == "A")
+        mods = tuple(sorted(p for p, st in status.items() if st == "M" and p in created))
+        records = {rel: make_record(_blob(tree, f"{sha}~1:{rel}"), _blob(tree, f"{sha}:{rel}"))
+                   for rel in mods}
         created += adds
         own, shared = fork.patches_dir / s.line, fork.shared_patches_dir / s.line
-        same: list[str] = []
         if fork.base is not None and shared.is_file():
-            same, whole = files_as_shared(tree, sha, shared, adds)
-            mail = step_mail(tree, sha, adds, tuple(same))
-            if whole and patch_message(mail) == patch_message(shared):
+            same, whole = files_as_shared(tree, sha, shared, adds + list(mods))
+            whole = whole and sorted(header_files(shared, ADDS_HEADER)) == adds
+            mail = step_mail(tree, sha, adds, tuple(same), mods)
+            theirs = step_records(Step(s.line, "", "", "", shared))
+            mine = None if records == theirs else records  # none of its own: the default's
+            if whole and patch_message(mail) == patch_message(shared) and mine is None:
                 own.unlink(missing_ok=True)
+                write_records(records_path(own), None)
                 continue  # else its own message, about this release, over the same change
         else:
-            mail = step_mail(tree, sha, adds)
+            mail = step_mail(tree, sha, adds, (), mods)
+            mine = records or None
         own.parent.mkdir(parents=True, exist_ok=True)
+        changed = write_records(records_path(own), mine)
         if not own.exists() or own.read_text(errors="surrogateescape") != mail:
             own.write_text(mail, errors="surrogateescape")
+            changed = True
+        if changed:
             written.append(s.line)
     if fork.base is None:
         for rel in module_files(fork.root):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .core import BASE_TAG, Fork, ForkError, git, pick_key
 from .series import patch_message, read_series, stacks_of
-from .tree import added_contents, apply_step, changed_files, create_base, materialize
+from .tree import step_contents, apply_step, changed_files, create_base, materialize
 
 
 def record_hash(data: bytes) -> str:
@@ -126,7 +126,7 @@ def diffstat(fork: Fork) -> str:
         tree.mkdir()
         create_base(fork, tree)
         steps = read_series(fork)
-        contents = added_contents(fork, steps)
+        contents = step_contents(fork, steps)
         for stack_dir, st in stacks_of(steps):
             out.append(f"{stack_dir}")
             for s in st:
