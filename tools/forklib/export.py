@@ -7,10 +7,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .core import BASE_TAG, TEST_DIRS, Fork, ForkError, git, prepare_dest
+from .core import TEST_DIRS, Fork, ForkError, git, prepare_dest
 from .marks import _stack_mark, collect_marked_tests, tests_of_base
 from .series import Step, read_series, stacks_of
-from .tree import step_contents, apply_step, changed_files, create_base, verify_modules
+from .tree import apply_step, create_base, step_contents, verify_modules
 
 
 # conftest.py of a test folder: from the line with this text on, the fork's own test

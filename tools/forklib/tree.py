@@ -86,8 +86,7 @@ def step_contents(fork: Fork, steps: list[Step]) -> dict[str, dict[str, bytes]]:
         for j in reversed(at):
             out.setdefault(steps[j].name, {})[rel] = data
             if j != at[0]:
-                data = undo(data, step_records(steps[j])[rel], f"{fork.rel(src)} (step "
-                            f"{steps[j].line})")
+                data = _reverse(fork, rel, data, [steps[j]])
     return out
 
 

@@ -7,10 +7,7 @@ that turns CUDA graphs off for torch_native, and a launch without --attention-ba
 died in a prefill graph op that has no CPU kernel."""
 from __future__ import annotations
 
-import logging
 from typing import Iterable, Optional
-
-logger = logging.getLogger(__name__)
 
 GEMMA4 = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM",
           "Gemma4UnifiedForConditionalGeneration")
