@@ -284,9 +284,12 @@ def back_half_graph_skip_reason(server_args: ServerArgs) -> Optional[str]:
     return None
 
 
-def _resolve_min_tokens(server_args: ServerArgs, min_tokens: Optional[int]):
+def _resolve_min_tokens(
+    server_args: ServerArgs, min_tokens: Optional[int], graphs_skip: Optional[str]
+):
     """(--kv-sharing-fast-prefill-min-tokens, why), resolved once: every later
-    reader reads the number. Caps or turns off the prefill CUDA graph to match."""
+    reader reads the number. Caps or turns off the prefill CUDA graph to match.
+    ``graphs_skip``: why the back half runs eager, or None (CUDA graphs)."""
     if min_tokens is not None:
         _handle_prefill_cuda_graph(server_args, min_tokens)
         return min_tokens, "--kv-sharing-fast-prefill-min-tokens"
@@ -296,12 +299,11 @@ def _resolve_min_tokens(server_args: ServerArgs, min_tokens: Optional[int]):
             "unset: the prefill CUDA graph replays smaller passes",
         )
     _handle_prefill_cuda_graph(server_args, DEFAULT_MIN_TOKENS)
-    reason = back_half_graph_skip_reason(server_args)
-    if reason is None:
+    if graphs_skip is None:
         # With the launches captured, short passes gain too.
         return 0, "unset: the back half replays CUDA graphs"
     return DEFAULT_MIN_TOKENS, (
-        f"unset: the back half runs eager ({reason}), and smaller passes are "
+        f"unset: the back half runs eager ({graphs_skip}), and smaller passes are "
         "bound by its kernel launches"
     )
 
@@ -336,18 +338,21 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
     _check_attention_backends(server_args)
     _check_unsupported_features(server_args, view)
     configured = min_tokens
-    min_tokens, why = _resolve_min_tokens(server_args, min_tokens)
+    graphs_skip = back_half_graph_skip_reason(server_args)
+    settings.decide_back_half_graphs(server_args, graphs_skip is None)
+    min_tokens, why = _resolve_min_tokens(server_args, min_tokens, graphs_skip)
     if min_tokens != configured:
         settings.decide_min_tokens(server_args, min_tokens)
 
     logger.info(
         "KV-sharing fast prefill (YOCO) on: first KV-shared layer %d of %d; "
         "prefill passes of >= %d new tokens (%s) run layers %d-%d for the last "
-        "token of each request only",
+        "token of each request only, %s",
         first_shared,
         num_layers,
         min_tokens,
         why,
         first_shared,
         num_layers - 1,
+        "in CUDA graphs" if graphs_skip is None else f"eager ({graphs_skip})",
     )

@@ -76,3 +76,7 @@ def decide_prefill_cuda_graph(server_args: Any, **changes: Any) -> None:
 
 def decide_min_tokens(server_args: Any, min_tokens: int) -> None:
     server_args.kv_sharing_fast_prefill_min_tokens = min_tokens
+
+
+def decide_back_half_graphs(server_args: Any, captured: bool) -> None:
+    server_args.kv_sharing_fast_prefill_back_half_graphs = captured

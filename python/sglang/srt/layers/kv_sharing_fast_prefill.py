@@ -1,43 +1,36 @@
-"""KV-sharing fast prefill ("YOCO", You Only Cache Once).
+"""KV-sharing fast prefill ("YOCO", You Only Cache Once): the model's side.
 
 Models such as Gemma-4 E2B/E4B end with KV-shared layers: they write no KV cache
 and attend over the cache of an earlier layer. In a prefill, the only output of
 those layers anybody reads is the last token of each request (it is sampled;
 nothing else is cached). So the back half runs on one token per request:
 
-  1. ``plan_fast_prefill`` decides once per forward pass whether that is safe
-     and useful, and picks the rows (last token of each request whose prefill
-     ends in this pass; an unfinished chunk needs no back-half output at all).
-     Its ``FastPrefillPlan`` is immutable.
-  2. The back half attends in a context of its own, ``BackHalfAttention``: an
-     attention backend instance of the pass's kind, built once by the model
-     runner (as each draft step of a multi-step draft backend has its own),
-     whose metadata describes the back half's rows only. ``make_back_half_batch``
-     builds those rows' batch from the pass's host lists and index selects: one
-     decode step per request (its query attends over the whole sequence, which
-     the front half already cached), or an extend of that one token where the
-     backend's ``back_half_is_extend()`` says its decode kernel would round
-     differently. The KV-shared layers run under a forward context whose
-     backend is that one, so neither the pass's backend nor its ForwardBatch is
-     written.
-  3. The model scatters the rows back, so the final norm, LogitsProcessor and
-     LAST hidden capture see exactly what the full computation produces there.
+  1. The model declares its back half (``SupportsKVSharingFastPrefill``,
+     ``KVSharedBackHalf``): the KV-shared layers, how many hidden-state streams
+     a token carries and how its layers are called. That is all a model adds,
+     besides one call at the split.
+  2. The model runner plans each pass before the model runs
+     (``model_executor/kv_sharing_fast_prefill_planner.py``): whether the fast
+     path is safe and useful (``fast_prefill_skip_reason``) and which rows the
+     back half runs on (the last token of each request whose prefill ends in
+     the pass; an unfinished chunk needs no back-half output at all). The plan
+     is published on the pass's ``ForwardBatch.fast_prefill``.
+  3. The model runs its front layers on every token, then
+     ``forward_batch.fast_prefill.run(...)``: the plan gathers the rows, runs
+     the back half on them (eager in ``BackHalfAttention``, or replayed from
+     CUDA graphs) and scatters them back, so the final norm, LogitsProcessor
+     and LAST hidden capture see exactly what the full computation produces
+     there.
 
-Rows are gathered and scattered along the token dimension of hidden states of
-any leading shape (``token_dim``), so a model that carries several streams per
-token (``[streams, tokens, hidden]``, Gemma-3n's AltUp) passes them through
-unchanged. How a model's decoder layers take the rows is its own
-(``BackHalfLayerCall``): by default this release's decoder-layer convention
-(``kv_sharing_fast_prefill_rows``), or layers that return their next hidden
-states and thread nothing else (``PLAIN_LAYER_CALL``).
-
-Per-layer inputs (Gemma-4's and Gemma-3n's PLE) are computed before layer 0
-for every layer; ``per_layer_inputs_for_plan`` finishes the back half's
-layers' share for its rows only (the plan is made before the embedding for
-that).
-
-KV-cache writes are unchanged: the front half writes every token, the back half
-writes nothing.
+The back half attends in a context of its own, ``BackHalfAttention``: an
+attention backend instance of the pass's kind, built once by the model runner,
+whose metadata describes the back half's rows only; ``make_back_half_batch``
+builds those rows' batch from the pass's host lists and index selects (one
+decode step per request over its whole cached sequence, or an extend of that
+one token where the backend's ``back_half_is_extend()`` says its decode kernel
+would round differently). Neither the pass's backend nor its ForwardBatch is
+written. KV-cache writes are unchanged: the front half writes every token, the
+back half writes nothing.
 """
 
 from __future__ import annotations
@@ -73,9 +66,6 @@ from sglang.srt.model_executor.forward_context import (
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-    from sglang.srt.model_executor.runner.kv_shared_back_half_graph_runner import (
-        KVSharedBackHalfGraphRunner,
-    )
     from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -87,6 +77,103 @@ def first_kv_shared_layer(config) -> Optional[int]:
     if num_shared <= 0:
         return None
     return config.num_hidden_layers - num_shared
+
+
+@dataclass(frozen=True)
+class BackHalfLayerCall:
+    """How a model's decoder layers take the back half's rows: ``entering``
+    hands the rows to the first layer (and cleans up after the last), ``call``
+    runs one layer and returns the hidden states the next one takes."""
+
+    call: Callable[..., torch.Tensor]
+    entering: Callable[[ForwardBatch, torch.Tensor], ContextManager[torch.Tensor]]
+
+
+# This release's decoder-layer convention (Gemma-4's layers follow it).
+DECODER_LAYER_CALL = BackHalfLayerCall(call_layer, rows_entering_layers)
+
+
+@contextmanager
+def _rows_as_they_are(
+    forward_batch: ForwardBatch, hidden_states: torch.Tensor
+) -> Iterator[torch.Tensor]:
+    yield hidden_states
+
+
+# Layers that take the hidden states and return the next ones, with no
+# residual or other state threaded between them (Gemma-3n's).
+PLAIN_LAYER_CALL = BackHalfLayerCall(
+    lambda layer, **kwargs: layer(**kwargs), _rows_as_they_are
+)
+
+
+@dataclass(frozen=True)
+class KVSharedBackHalf:
+    """A model's KV-shared layers, as the fast prefill runs them."""
+
+    layers: Sequence[torch.nn.Module]
+    first_layer: int
+    end_layer: int
+    hidden_size: int
+    per_layer_input_dim: int  # 0: the layers take no per-layer input
+    # Hidden-state streams per token: 0, rows are [tokens, hidden]; n, rows are
+    # [n, tokens, hidden] (Gemma-3n's AltUp).
+    streams: int = 0
+    layer_call: BackHalfLayerCall = DECODER_LAYER_CALL
+
+    @classmethod
+    def of(cls, config, layers, end_layer: int, per_layer_input_dim, **layout):
+        """The back half of a model with this config, or None without one."""
+        first = first_kv_shared_layer(config)
+        if first is None:
+            return None
+        return cls(
+            layers, first, end_layer, config.hidden_size, per_layer_input_dim or 0,
+            **layout,
+        )
+
+    @property
+    def token_dim(self) -> int:
+        return 1 if self.streams else 0
+
+    def forward(self, forward_batch, hidden_states, per_layer_inputs):
+        """The layers on these rows (``per_layer_inputs``: [rows, the back
+        half's layers, dim], or None). The layers get no other argument: the
+        ones that declare a back half read none, and graphs could not take it."""
+        call = self.layer_call
+        with call.entering(forward_batch, hidden_states) as h:
+            for i in range(self.first_layer, self.end_layer):
+                h = call.call(
+                    self.layers[i],
+                    positions=forward_batch.positions,
+                    hidden_states=h,
+                    per_layer_input=(
+                        per_layer_inputs[:, i - self.first_layer, :]
+                        if per_layer_inputs is not None
+                        else None
+                    ),
+                    forward_batch=forward_batch,
+                )
+            return h
+
+
+class SupportsKVSharingFastPrefill:
+    """A text model whose prefill can run its KV-shared layers on each
+    finishing request's last token only (--kv-sharing-fast-prefill). The model
+    runner finds it among the model's modules and plans its passes."""
+
+    def kv_shared_back_half(self) -> Optional[KVSharedBackHalf]:
+        """Its KV-shared layers, or None when it has none."""
+        raise NotImplementedError
+
+
+def find_kv_shared_back_half(model: torch.nn.Module):
+    """(the module that declares a back half, its declaration), or None."""
+    for module in model.modules():
+        if isinstance(module, SupportsKVSharingFastPrefill):
+            back_half = module.kv_shared_back_half()
+            return None if back_half is None else (module, back_half)
+    return None
 
 
 class BackHalfAttention:
@@ -150,20 +237,11 @@ class BackHalfRows:
 
 @dataclass(frozen=True)
 class FastPrefillPlan:
-    """How one forward pass runs its back half. Exactly one of ``batch`` (eager,
-    in ``attention``) and ``graphs`` is set, or neither when no request
-    finishes in the pass."""
+    """How one forward pass runs its back half: on ``rows`` of ``back_half``.
+    Each kind of plan runs the rows its own way (``_back_half``)."""
 
     rows: BackHalfRows
-    attention: Optional[BackHalfAttention] = None
-    # The back half's own batch (decode- or extend-shaped), whose metadata
-    # ``attention`` holds: built before the front half is launched.
-    batch: Optional[ForwardBatch] = None
-    # The model's captured back half, which stages its rows from the pass's
-    # batch (read only) when the back half starts (the host runs ahead of the
-    # GPU there), not before layer 0.
-    graphs: Optional[KVSharedBackHalfGraphRunner] = None
-    pass_batch: Optional[ForwardBatch] = None
+    back_half: KVSharedBackHalf
 
     @property
     def first_shared_layer(self) -> int:
@@ -172,6 +250,67 @@ class FastPrefillPlan:
     @property
     def num_reqs(self) -> int:
         return self.rows.num_reqs
+
+    def run(
+        self, hidden_states: torch.Tensor, per_layer_inputs: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """The model's one call at the split: ``hidden_states`` (the front
+        half's output, every row) with the planned rows replaced by the back
+        half's output. ``per_layer_inputs``: every layer's, every row's, as the
+        full pass computes them ([tokens, layers, dim]), or None."""
+        if not self.num_reqs:
+            return hidden_states
+        back_half, index = self.back_half, self.rows.token_index
+        ple = None
+        if per_layer_inputs is not None:
+            ple = per_layer_inputs[:, back_half.first_layer : back_half.end_layer]
+            ple = ple.index_select(0, index)
+        rows = self._back_half(hidden_states, ple)
+        return scatter_rows(hidden_states, index, rows, back_half.token_dim)
+
+    def _back_half(
+        self, hidden_states: torch.Tensor, per_layer_inputs: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """The back half's output on the planned rows of ``hidden_states``."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FrontOnlyPlan(FastPrefillPlan):
+    """No request's prefill ends in the pass: no back-half output is read."""
+
+    def _back_half(self, hidden_states, per_layer_inputs):
+        raise AssertionError("a pass without finishing requests runs no back half")
+
+
+@dataclass(frozen=True)
+class EagerBackHalfPlan(FastPrefillPlan):
+    """The back half run eager, in ``attention`` on its own ``batch`` (decode-
+    or extend-shaped; built and its metadata set before the model runs)."""
+
+    attention: BackHalfAttention
+    batch: ForwardBatch
+
+    def _back_half(self, hidden_states, per_layer_inputs):
+        rows = gather_rows(hidden_states, self.rows.token_index, self.back_half.token_dim)
+        with self.attention.active():
+            return self.back_half.forward(self.batch, rows, per_layer_inputs)
+
+
+# Why a pass takes the full computation: (label of the pass counters, text).
+SKIP_REASONS = {
+    "no_kv_shared_layers": "model has no KV-shared layers",
+    "forward_mode": "not a plain prefill pass",
+    "pipeline_parallel": "pipeline parallelism",
+    "one_token_per_request": "no request has more than one new token",
+    "below_min_tokens": "fewer new tokens than --kv-sharing-fast-prefill-min-tokens",
+    "input_logprobs": "input-token logprobs requested",
+    "full_hidden_capture": "full hidden-state capture",
+    "capture_in_back_half": "hidden-state capture inside the KV-shared layers",
+    "pooled_output": "pooled/embedding output",
+    "multi_item_scoring": "multi-item scoring",
+    "input_embeds": "input embeddings without ids",
+}
 
 
 def fast_prefill_skip_reason(
@@ -182,42 +321,40 @@ def fast_prefill_skip_reason(
     min_tokens: int = 0,
 ) -> Optional[str]:
     """None when YOCO may run this pass, else why the full computation is needed
-    (or, below ``min_tokens`` new tokens, why it would not pay)."""
+    (or, below ``min_tokens`` new tokens, why it would not pay): a key of
+    ``SKIP_REASONS``."""
     if first_shared_layer is None:
-        return "model has no KV-shared layers"
+        return "no_kv_shared_layers"
     # Exactly EXTEND: DECODE/MIXED/TARGET_VERIFY/DRAFT_EXTEND/SPLIT_PREFILL/IDLE/
     # DLLM either save nothing or need every token's output.
     if forward_batch.forward_mode != ForwardMode.EXTEND:
-        return f"forward mode {forward_batch.forward_mode.name}"
+        return "forward_mode"
     if pp_size > 1:
-        return "pipeline parallelism"
+        return "pipeline_parallel"
     extend_lens = forward_batch.extend_seq_lens_cpu
     if extend_lens is None or not any(n > 1 for n in extend_lens):
-        return "no request has more than one new token"
+        return "one_token_per_request"
     # A small pass is bound by kernel launches: the back half launches as many
     # kernels on one row per request as on every row, plus its own setup.
     if sum(extend_lens) < min_tokens:
-        return (
-            f"fewer than {min_tokens} new tokens "
-            "(--kv-sharing-fast-prefill-min-tokens)"
-        )
+        return "below_min_tokens"
     if forward_batch.return_logprob and forward_batch.extend_logprob_start_lens_cpu:
         for n, start in zip(extend_lens, forward_batch.extend_logprob_start_lens_cpu):
             if n - start > 0:
-                return "input-token logprobs requested"
+                return "input_logprobs"
     mode = forward_batch.capture_hidden_mode
     if mode is not None and mode.is_full():
-        return "full hidden-state capture"
+        return "full_hidden_capture"
     # A capture at index i stores the input of layer i: the front half's output
     # (i == first shared layer) is complete, anything later is not.
     if any(i > first_shared_layer for i in layers_to_capture):
-        return "hidden-state capture inside the KV-shared layers"
+        return "capture_in_back_half"
     if forward_batch.return_pooled_hidden_states or forward_batch.dimensions:
-        return "pooled/embedding output"
+        return "pooled_output"
     if forward_batch.multi_item_delimiter_indices is not None:
-        return "multi-item scoring"
+        return "multi_item_scoring"
     if forward_batch.input_embeds is not None and forward_batch.input_ids is None:
-        return "input embeddings without ids"
+        return "input_embeds"
     return None
 
 
@@ -275,47 +412,6 @@ def back_half_rows(
     )
 
 
-def plan_fast_prefill(
-    forward_batch: ForwardBatch,
-    first_shared_layer: Optional[int],
-    layers_to_capture: Sequence[int] = (),
-    pp_size: int = 1,
-    min_tokens: int = 0,
-    attention: Optional[BackHalfAttention] = None,
-    graphs: Optional[KVSharedBackHalfGraphRunner] = None,
-) -> Optional[FastPrefillPlan]:
-    """The back-half plan for this pass, or None to run every layer on every
-    token. ``attention``: the model's back-half attention context (eager);
-    ``graphs``: its captured back half, used when it holds the rows."""
-    reason = fast_prefill_skip_reason(
-        forward_batch, first_shared_layer, layers_to_capture, pp_size, min_tokens
-    )
-    if reason is not None:
-        if first_shared_layer is not None and forward_batch.forward_mode.is_extend():
-            logger.debug("KV-sharing fast prefill: full pass (%s)", reason)
-        return None
-    rows = back_half_rows(forward_batch, first_shared_layer)
-    logger.debug(
-        "KV-sharing fast prefill: back half on %d of %d tokens (%s)",
-        rows.num_reqs,
-        sum(forward_batch.extend_seq_lens_cpu),
-        forward_batch.forward_mode.name,
-    )
-    if rows.num_reqs == 0:
-        return FastPrefillPlan(rows)
-    if graphs is not None and graphs.can_run(rows.num_reqs):
-        # Captured only where the back half is decode-shaped.
-        return FastPrefillPlan(rows, graphs=graphs, pass_batch=forward_batch)
-    if attention is None:
-        raise RuntimeError(
-            "--kv-sharing-fast-prefill: the model's back-half attention was not "
-            "set up (SupportsKVSharingFastPrefill.set_back_half_attention)"
-        )
-    return FastPrefillPlan(
-        rows, attention=attention, batch=attention.prepare(forward_batch, rows)
-    )
-
-
 def make_back_half_batch(
     forward_batch: ForwardBatch, rows: BackHalfRows, extend_shaped: bool = False
 ) -> ForwardBatch:
@@ -356,34 +452,6 @@ def make_back_half_batch(
     return fb
 
 
-@dataclass(frozen=True)
-class BackHalfLayerCall:
-    """How a model's decoder layers take the back half's rows: ``entering``
-    hands the rows to the first layer (and cleans up after the last), ``call``
-    runs one layer and returns the hidden states the next one takes."""
-
-    call: Callable[..., torch.Tensor]
-    entering: Callable[[ForwardBatch, torch.Tensor], ContextManager[torch.Tensor]]
-
-
-# This release's decoder-layer convention (Gemma-4's layers follow it).
-DECODER_LAYER_CALL = BackHalfLayerCall(call_layer, rows_entering_layers)
-
-
-@contextmanager
-def _rows_as_they_are(
-    forward_batch: ForwardBatch, hidden_states: torch.Tensor
-) -> Iterator[torch.Tensor]:
-    yield hidden_states
-
-
-# Layers that take the hidden states and return the next ones, with no
-# residual or other state threaded between them (Gemma-3n's).
-PLAIN_LAYER_CALL = BackHalfLayerCall(
-    lambda layer, **kwargs: layer(**kwargs), _rows_as_they_are
-)
-
-
 def gather_rows(
     hidden_states: torch.Tensor, index: torch.Tensor, token_dim: int = 0
 ) -> torch.Tensor:
@@ -400,154 +468,3 @@ def scatter_rows(
     """``hidden_states`` with the rows ``index`` of the token dimension replaced
     by ``rows`` (out of place: the input may also be a captured aux state)."""
     return hidden_states.index_copy(token_dim, index, rows)
-
-
-def per_layer_inputs_for_plan(
-    plan: FastPrefillPlan,
-    projection: torch.Tensor,
-    per_layer_inputs: Optional[torch.Tensor],
-    combine: Callable,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Per-layer inputs (Gemma-4's, Gemma-3n's) for a fast-prefill pass: (the
-    front layers' for every row, the back half's layers' for the plan's rows,
-    or None).
-
-    ``projection`` [tokens, layers, dim] is the model's projection GEMM as the
-    full pass computes it (every row, every layer: a GEMM of another shape could
-    round differently). ``combine`` is the model's rest: a scale, a norm over
-    each ``dim``-wide vector, the sum with the token's own per-layer embedding
-    (``per_layer_inputs``, same layout, or None). Each value of it depends only
-    on its own vector, so it runs for the front layers on every row and for the
-    back half's layers on the plan's rows only, with the full pass's bits."""
-    first = plan.first_shared_layer
-    front = combine(
-        projection[:, :first],
-        per_layer_inputs[:, :first] if per_layer_inputs is not None else None,
-    )
-    if not plan.num_reqs:
-        return front, None
-    rows = plan.rows.token_index
-    back = combine(
-        gather_rows(projection[:, first:], rows),
-        (
-            gather_rows(per_layer_inputs[:, first:], rows)
-            if per_layer_inputs is not None
-            else None
-        ),
-    )
-    return front, back
-
-
-def run_layers(
-    layers,
-    first_layer: int,
-    end_layer: int,
-    forward_batch: ForwardBatch,
-    hidden_states: torch.Tensor,
-    per_layer_inputs: Optional[torch.Tensor],
-    layer_call: BackHalfLayerCall = DECODER_LAYER_CALL,
-    **kwargs,
-) -> torch.Tensor:
-    """Layers [first_layer, end_layer) on these rows, as the back half runs them
-    (``per_layer_inputs``: [rows, those layers, dim], or None)."""
-    with layer_call.entering(forward_batch, hidden_states) as h:
-        for layer_idx in range(first_layer, end_layer):
-            h = layer_call.call(
-                layers[layer_idx],
-                positions=forward_batch.positions,
-                hidden_states=h,
-                per_layer_input=(
-                    per_layer_inputs[:, layer_idx - first_layer, :]
-                    if per_layer_inputs is not None
-                    else None
-                ),
-                forward_batch=forward_batch,
-                **kwargs,
-            )
-        return h
-
-
-@dataclass(frozen=True)
-class KVSharedBackHalf:
-    """A model's KV-shared layers, as its back-half CUDA graphs capture them."""
-
-    layers: Sequence[torch.nn.Module]
-    first_layer: int
-    end_layer: int
-    hidden_size: int
-    per_layer_input_dim: int  # 0: the layers take no per-layer input
-    # Hidden-state streams per token: 0, rows are [tokens, hidden]; n, rows are
-    # [n, tokens, hidden] (Gemma-3n's AltUp).
-    streams: int = 0
-    layer_call: BackHalfLayerCall = DECODER_LAYER_CALL
-
-    @property
-    def token_dim(self) -> int:
-        return 1 if self.streams else 0
-
-    def forward(self, forward_batch, hidden_states, per_layer_inputs):
-        return run_layers(
-            self.layers,
-            self.first_layer,
-            self.end_layer,
-            forward_batch,
-            hidden_states,
-            per_layer_inputs,
-            self.layer_call,
-        )
-
-
-class SupportsKVSharingFastPrefill:
-    """A model whose prefill can run its KV-shared layers on each finishing
-    request's last token only (--kv-sharing-fast-prefill). The model runner
-    asks it for its back half and hands it the back half's attention context
-    and, where captured, graphs."""
-
-    def kv_shared_back_half(self) -> Optional[KVSharedBackHalf]:
-        """Its KV-shared layers, or None where the fast prefill is off."""
-        raise NotImplementedError
-
-    def set_back_half_attention(self, attention: BackHalfAttention) -> None:
-        raise NotImplementedError
-
-    def set_back_half_graphs(
-        self, graphs: Optional[KVSharedBackHalfGraphRunner]
-    ) -> None:
-        raise NotImplementedError
-
-
-def run_back_half(
-    layers,
-    plan: FastPrefillPlan,
-    end_layer: int,
-    hidden_states: torch.Tensor,
-    per_layer_inputs: Optional[torch.Tensor],
-    token_dim: int = 0,
-    layer_call: BackHalfLayerCall = DECODER_LAYER_CALL,
-    **kwargs,
-) -> torch.Tensor:
-    """Run layers [first_shared_layer, end_layer) on the planned rows only,
-    with the back half's per-layer inputs, and return ``hidden_states`` with
-    those rows replaced along ``token_dim``. ``layer_call``: how the layers
-    take the rows (as the model's ``KVSharedBackHalf`` declares it)."""
-    if plan.num_reqs == 0:
-        return hidden_states
-    index = plan.rows.token_index
-    if plan.graphs is not None:
-        # Gathers straight into the graph's input buffer.
-        h = plan.graphs.replay(
-            plan.rows, plan.pass_batch, hidden_states, per_layer_inputs
-        )
-    else:
-        with plan.attention.active():
-            h = run_layers(
-                layers,
-                plan.first_shared_layer,
-                end_layer,
-                plan.batch,
-                gather_rows(hidden_states, index, token_dim),
-                per_layer_inputs,
-                layer_call,
-                **kwargs,
-            )
-    return scatter_rows(hidden_states, index, h, token_dim)

@@ -15,8 +15,9 @@ CUDA-graph buffers, so neither the pass's metadata nor the decode graphs'
 buffers are written; its decode metadata keeps the W + 1 sliding-window keys
 that the pass's extend kernel lets the token attend.
 
-The model runner decides whether to capture (``capture_for``'s
-``skip_reason``) and hands the runner to the model, which replays it. This is not a
+Start-up decides whether to capture (the server-argument hook, which also
+resolves the min-tokens from it); the model runner's planner captures and
+plans passes on the graphs (``GraphBackHalfPlan``). This is not a
 ``BaseCudaGraphRunner``: that base drives a whole model forward over its input
 buffers, this a slice of layers over hidden-state rows; it reuses the base's
 helpers (bucket padding, GC freezing, ``graph_capture``). Its graph pool is its
@@ -28,9 +29,16 @@ waiting to be read.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
+from sglang.srt.layers.kv_sharing_fast_prefill import (
+    BackHalfAttention,
+    BackHalfRows,
+    FastPrefillPlan,
+    KVSharedBackHalf,
+)
 from sglang.srt.layers.kv_sharing_fast_prefill_rows import bind_back_half_batch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
@@ -40,11 +48,6 @@ from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
 )
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.kv_sharing_fast_prefill import (
-        BackHalfAttention,
-        BackHalfRows,
-        KVSharedBackHalf,
-    )
     from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -102,17 +105,9 @@ class KVSharedBackHalfGraphRunner:
         model_runner: ModelRunner,
         back_half: KVSharedBackHalf,
         attention: BackHalfAttention,
-        skip_reason: Optional[str],
     ) -> Optional[KVSharedBackHalfGraphRunner]:
         """The back half captured in ``attention`` (its backend is triton), or
-        None where it runs eager (logged). ``skip_reason``: the start-up
-        decision (None: capture), by which min-tokens was resolved."""
-        reason = skip_reason
-        if reason is None and model_runner.is_draft_worker:
-            reason = "draft worker"
-        if reason is not None:
-            logger.info("KV-sharing fast prefill: back half runs eager (%s)", reason)
-            return None
+        None where no decode graph batch size fits (logged)."""
         capture_bs = [
             bs for bs in get_batch_sizes_to_capture(model_runner)[0] if bs <= MAX_BS
         ]
@@ -183,6 +178,9 @@ class KVSharedBackHalfGraphRunner:
     def can_run(self, num_reqs: int) -> bool:
         return num_reqs <= self.max_bs
 
+    def plan(self, rows: BackHalfRows, pass_batch: ForwardBatch) -> GraphBackHalfPlan:
+        return GraphBackHalfPlan(rows, self.back_half, self, pass_batch)
+
     def replay(
         self,
         plan_rows: BackHalfRows,
@@ -222,3 +220,19 @@ class KVSharedBackHalfGraphRunner:
         self.backend.init_forward_metadata_out_graph(fb, in_capture=False)
         self.graphs[bs].replay()
         return self._rows(self.outputs[bs], n)
+
+
+@dataclass(frozen=True)
+class GraphBackHalfPlan(FastPrefillPlan):
+    """The back half replayed from ``graphs``, which stage the rows from the
+    pass's batch (read only) when the back half starts (the host runs ahead of
+    the GPU there), not before layer 0."""
+
+    graphs: KVSharedBackHalfGraphRunner
+    pass_batch: ForwardBatch
+
+    def _back_half(self, hidden_states, per_layer_inputs):
+        # Gathers straight into the graph's input buffer.
+        return self.graphs.replay(
+            self.rows, self.pass_batch, hidden_states, per_layer_inputs
+        )
