@@ -16,7 +16,7 @@ nothing else is cached). So the back half runs on one token per request:
      the pass; an unfinished chunk needs no back-half output at all). The plan
      is published on the pass's ``ForwardBatch.fast_prefill``.
   3. The model runs its front layers on every token, then
-     ``forward_batch.fast_prefill.run(...)``: the plan gathers the rows, runs
+     ``forward_batch.fast_prefill.run(forward_batch, ...)``: the plan gathers the rows, runs
      the back half on them (eager in ``BackHalfAttention``, or replayed from
      CUDA graphs) and scatters them back, so the final norm, LogitsProcessor
      and LAST hidden capture see exactly what the full computation produces
@@ -51,6 +51,7 @@ from typing import (
 
 import torch
 from sglang.srt.layers.kv_sharing_fast_prefill_rows import (
+    back_half_output,
     bind_back_half_backend,
     bind_back_half_batch,
     call_layer,
@@ -252,12 +253,16 @@ class FastPrefillPlan:
         return self.rows.num_reqs
 
     def run(
-        self, hidden_states: torch.Tensor, per_layer_inputs: Optional[torch.Tensor]
+        self,
+        forward_batch: ForwardBatch,
+        hidden_states: torch.Tensor,
+        per_layer_inputs: Optional[torch.Tensor],
     ) -> torch.Tensor:
         """The model's one call at the split: ``hidden_states`` (the front
-        half's output, every row) with the planned rows replaced by the back
-        half's output. ``per_layer_inputs``: every layer's, every row's, as the
-        full pass computes them ([tokens, layers, dim]), or None."""
+        half's output on every row of pass ``forward_batch``) with the planned
+        rows replaced by the back half's output. ``per_layer_inputs``: every
+        layer's, every row's, as the full pass computes them ([tokens, layers,
+        dim]), or None."""
         if not self.num_reqs:
             return hidden_states
         back_half, index = self.back_half, self.rows.token_index
@@ -265,11 +270,15 @@ class FastPrefillPlan:
         if per_layer_inputs is not None:
             ple = per_layer_inputs[:, back_half.first_layer : back_half.end_layer]
             ple = ple.index_select(0, index)
-        rows = self._back_half(hidden_states, ple)
-        return scatter_rows(hidden_states, index, rows, back_half.token_dim)
+        rows = self._back_half(forward_batch, hidden_states, ple)
+        out = scatter_rows(hidden_states, index, rows, back_half.token_dim)
+        return back_half_output(out, forward_batch)
 
     def _back_half(
-        self, hidden_states: torch.Tensor, per_layer_inputs: Optional[torch.Tensor]
+        self,
+        forward_batch: ForwardBatch,
+        hidden_states: torch.Tensor,
+        per_layer_inputs: Optional[torch.Tensor],
     ) -> torch.Tensor:
         """The back half's output on the planned rows of ``hidden_states``."""
         raise NotImplementedError
@@ -279,7 +288,7 @@ class FastPrefillPlan:
 class FrontOnlyPlan(FastPrefillPlan):
     """No request's prefill ends in the pass: no back-half output is read."""
 
-    def _back_half(self, hidden_states, per_layer_inputs):
+    def _back_half(self, forward_batch, hidden_states, per_layer_inputs):
         raise AssertionError("a pass without finishing requests runs no back half")
 
 
@@ -291,7 +300,7 @@ class EagerBackHalfPlan(FastPrefillPlan):
     attention: BackHalfAttention
     batch: ForwardBatch
 
-    def _back_half(self, hidden_states, per_layer_inputs):
+    def _back_half(self, forward_batch, hidden_states, per_layer_inputs):
         rows = gather_rows(hidden_states, self.rows.token_index, self.back_half.token_dim)
         with self.attention.active():
             return self.back_half.forward(self.batch, rows, per_layer_inputs)

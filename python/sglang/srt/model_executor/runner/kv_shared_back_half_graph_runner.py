@@ -178,8 +178,8 @@ class KVSharedBackHalfGraphRunner:
     def can_run(self, num_reqs: int) -> bool:
         return num_reqs <= self.max_bs
 
-    def plan(self, rows: BackHalfRows, pass_batch: ForwardBatch) -> GraphBackHalfPlan:
-        return GraphBackHalfPlan(rows, self.back_half, self, pass_batch)
+    def plan(self, rows: BackHalfRows) -> GraphBackHalfPlan:
+        return GraphBackHalfPlan(rows, self.back_half, self)
 
     def replay(
         self,
@@ -229,10 +229,9 @@ class GraphBackHalfPlan(FastPrefillPlan):
     the GPU there), not before layer 0."""
 
     graphs: KVSharedBackHalfGraphRunner
-    pass_batch: ForwardBatch
 
-    def _back_half(self, hidden_states, per_layer_inputs):
+    def _back_half(self, forward_batch, hidden_states, per_layer_inputs):
         # Gathers straight into the graph's input buffer.
         return self.graphs.replay(
-            self.rows, self.pass_batch, hidden_states, per_layer_inputs
+            self.rows, forward_batch, hidden_states, per_layer_inputs
         )

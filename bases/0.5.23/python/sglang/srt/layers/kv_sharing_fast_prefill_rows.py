@@ -55,3 +55,10 @@ def rows_entering_layers(
 
 def call_layer(layer, **kwargs) -> torch.Tensor:
     return layer(**kwargs)
+
+
+def back_half_output(hidden_states: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+    """The pass's hidden states once the back half's rows are back: a new
+    tensor, which the pass's stream holds as written, as the last layer would
+    have left it."""
+    return residual_batch.set_written(hidden_states, forward_batch)
