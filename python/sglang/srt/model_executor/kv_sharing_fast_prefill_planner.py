@@ -30,6 +30,12 @@ from sglang.srt.layers.kv_sharing_fast_prefill import (
     find_kv_shared_back_half,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.runtime_context import (
+    get_exec,
+    get_observability,
+    get_parallel,
+    get_serving,
+)
 from sglang.srt.model_executor.runner.kv_shared_back_half_graph_runner import (
     KVSharedBackHalfGraphRunner,
 )
@@ -90,28 +96,29 @@ class KVSharingFastPrefillPlanner:
         """The planner of a target model runner with the flag on and a model
         that declares a back half, else None. A draft worker's passes are
         drafts (never a plain prefill): it plans nothing."""
-        server_args = model_runner.server_args
-        if not server_args.kv_sharing_fast_prefill or model_runner.is_draft_worker:
+        features = get_exec().features
+        if not features.kv_sharing_fast_prefill or model_runner.is_draft_worker:
             return None
         found = find_kv_shared_back_half(model_runner.model)
         if found is None:
             return None
         model, back_half = found
-        count_metrics = server_args.enable_metrics and model_runner.ps.tp_rank == 0
+        parallel = get_parallel()
+        count_metrics = get_observability().enable_metrics and parallel.tp_rank == 0
         return cls(
             model,
             back_half,
             BackHalfAttention.for_model_runner(model_runner),
             # Resolved at start-up (kv_sharing_fast_prefill_hook).
-            server_args.kv_sharing_fast_prefill_min_tokens,
-            model_runner.ps.pp_size,
-            server_args.served_model_name if count_metrics else None,
+            features.kv_sharing_fast_prefill_min_tokens,
+            parallel.pp_size,
+            get_serving().served_model_name if count_metrics else None,
         )
 
     def capture_graphs(self, model_runner: ModelRunner) -> None:
         """Capture the back half in CUDA graphs where start-up decided so (the
         decision that also resolved the min-tokens)."""
-        if model_runner.server_args.kv_sharing_fast_prefill_back_half_graphs:
+        if get_exec().features.kv_sharing_fast_prefill_back_half_graphs:
             self.graphs = KVSharedBackHalfGraphRunner.capture_for(
                 model_runner, self.back_half, self.attention
             )
