@@ -91,3 +91,9 @@ def decide_min_tokens(server_args: Any, min_tokens: int) -> None:
     declare_resolution(
         server_args, SOURCE, kv_sharing_fast_prefill_min_tokens=min_tokens
     )
+
+
+def decide_back_half_graphs(server_args: Any, captured: bool) -> None:
+    declare_resolution(
+        server_args, SOURCE, kv_sharing_fast_prefill_back_half_graphs=captured
+    )
