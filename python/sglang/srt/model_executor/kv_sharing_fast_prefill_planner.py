@@ -133,13 +133,14 @@ class KVSharingFastPrefillPlanner:
             self.pp_size,
             self.min_tokens,
         )
-        if forward_batch.forward_mode in _PREFILL_MODES:
-            self._count(reason)
         if reason is not None:
             if forward_batch.forward_mode in _PREFILL_MODES:
+                self._count("full", reason)
                 logger.debug("KV-sharing fast prefill: full pass (%s)", SKIP_REASONS[reason])
             return None
         rows = back_half_rows(forward_batch, self.back_half.first_layer)
+        # A pass whose only request is an unfinished chunk runs no back half.
+        self._count("fast", "" if rows.num_reqs else "chunk_only")
         logger.debug(
             "KV-sharing fast prefill: back half on %d of %d tokens",
             rows.num_reqs,
@@ -156,14 +157,14 @@ class KVSharingFastPrefillPlanner:
             self.attention.prepare(forward_batch, rows),
         )
 
-    def _count(self, reason: Optional[str]) -> None:
-        path = "fast" if reason is None else "full"
-        self.passes[reason or "fast"] += 1
+    def _count(self, path: str, reason: str) -> None:
+        self.passes[f"{path}:{reason}" if reason else path] += 1
         if self._metrics_model_name is not None:
             _prometheus_counter().labels(
-                model_name=self._metrics_model_name, path=path, reason=reason or ""
+                model_name=self._metrics_model_name, path=path, reason=reason
             ).inc()
 
     def pass_counts(self) -> Dict[str, int]:
-        """Prefill passes so far: "fast", or the full computation's reason."""
+        """Prefill passes so far, by path: "fast", "fast:chunk_only" (no
+        request finished) or "full:<reason>" (a key of SKIP_REASONS)."""
         return dict(self.passes)
