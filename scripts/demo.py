@@ -109,7 +109,9 @@ def server_command(model: str, port: int, extra=()) -> list:
         "--max-total-tokens", "8192", "--port", str(port), "--log-level", "info",
         # min-tokens 0: the demo's short prompts take the fast path too (unset, the
         # threshold is 4096 new tokens where the back half runs eager, as on CPU)
-        "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0", *extra,
+        "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0",
+        "--enable-metrics",  # /metrics counts the prefill passes that took the fast path
+        *extra,
     ]
 
 
@@ -165,6 +167,22 @@ def post(url, payload, timeout=120):
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
+
+
+PASSES = "sglang:kv_sharing_fast_prefill_passes_total"
+
+
+def fast_prefill_passes(url):
+    """The server's prefill pass counters from /metrics: {(path, reason): count}."""
+    import re
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    counts = {}
+    for labels, value in re.findall(PASSES + r"\{([^}]*)\} ([0-9.e+]+)", text):
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        counts[fields["path"], fields["reason"]] = float(value)
+    return counts
 
 
 def stream_chat(url, messages, max_tokens=16):
@@ -224,6 +242,10 @@ def main():
         server.wait_healthy(url)
         print(f"server up at {url} (OpenAI-compatible API under /v1)\n")
         client(url, stream=stream)
+        passes = fast_prefill_passes(url)
+        print(f"\nGET /metrics  {PASSES}: " + ", ".join(
+            f"{path}{' (' + reason + ')' if reason else ''} {int(n)}"
+            for (path, reason), n in sorted(passes.items())))
         print("\nThe weights are random, so the words are gibberish; the tokens went through "
               "the same API, chat template and YOCO fast prefill as a real Gemma-4 E2B/E4B's.")
     except RuntimeError as e:

@@ -13,7 +13,7 @@ tokens. Acceptance is real (no SGLANG_SIMULATE_ACC_LEN): with random weights it 
 low, but it must be the same with YOCO on and off, request by request.
 
 --phases serves a few prompts with log_level=debug; the fork logs one line per
-Gemma-4 text-model forward ("KV-sharing fast prefill: back half on ... (EXTEND)" or
+planned prefill pass ("KV-sharing fast prefill: back half on ..." or
 "... full pass (<reason>)"). Run it with stderr captured and count the lines:
 the target prefill must be the only forward that takes the back-half path.
 """

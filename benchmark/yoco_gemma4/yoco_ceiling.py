@@ -3,39 +3,38 @@
 checkpoints.ceiling_kwargs() serves the full model with --kv-sharing-fast-prefill,
 min tokens 0 (the fast path on every prefill pass, as on-all) and a --forward-hooks
 entry whose factory is `no_back_half`: SGLang calls it in each model runner's process
-once the model is built, and it registers no hook. It makes every fast-prefill plan one
-in which no request's prefill ends, the fork's own plan for an unfinished chunk
-(kv_sharing_fast_prefill.plan_fast_prefill with no rows). Each prefill pass then runs,
-by the fast path's own code and on the same weights:
+once the model is built, and it registers no hook. It makes the model runner's planner
+plan every fast-prefill pass as one in which no request's prefill ends, the fork's own
+plan for an unfinished chunk (a FrontOnlyPlan). Each prefill pass then runs, by the
+fast path's own code and on the same weights:
 
-- the embedding and the per-layer inputs as the fast path computes them: the per-layer
-  embedding and the projection GEMM at every layer's width (the fast path keeps the full
-  pass's GEMM, so that its bits do not change), scale, norm and sum for the front layers;
+- the embedding and the per-layer inputs, as the full pass (and the fast path)
+  computes them;
 - the front layers on every token;
 - the final norm and the logits of each request's last token (LogitsProcessor),
 
-and nothing of the back half: no rows planned or staged, no per-layer inputs for its
-layers, none of its layers, no scatter of its rows. So the ceiling does exactly the fast
-path's work outside the back half, by construction, and on-all's time over the
-ceiling's is what the back half costs. Decode passes are unchanged (the whole model);
-the bench times prefill only (max_new_tokens=1).
+and nothing of the back half: no rows staged, none of its layers, no scatter of its
+rows. So the ceiling does exactly the fast path's work outside the back half, by
+construction, and on-all's time over the ceiling's is what the back half costs.
+Decode passes are unchanged (the whole model); the bench times prefill only
+(max_new_tokens=1).
 """
 
 import torch
 
-# Never read: a plan with no rows runs no back half (run_back_half, per_layer_inputs_for_plan).
+# Never read: a plan with no rows runs no back half (FrontOnlyPlan).
 _NO_INDEX = torch.empty(0, dtype=torch.int64)
 
 
 def no_back_half(config):
     """The --forward-hooks factory: plan every fast-prefill pass without back-half rows.
     Returns None, so SGLang registers no hook (nothing runs per pass)."""
-    from sglang.srt.layers import kv_sharing_fast_prefill as yoco
+    from sglang.srt.model_executor import kv_sharing_fast_prefill_planner as planner
 
-    if not hasattr(yoco, "back_half_rows") or not hasattr(yoco, "BackHalfRows"):
-        raise RuntimeError("yoco_ceiling: this fork's kv_sharing_fast_prefill has no back_half_rows/BackHalfRows; "
+    if not hasattr(planner, "back_half_rows"):
+        raise RuntimeError("yoco_ceiling: this fork's kv_sharing_fast_prefill_planner plans no back_half_rows; "
                            "update benchmark/yoco_gemma4/yoco_ceiling.py")
-    yoco.back_half_rows = no_rows
+    planner.back_half_rows = no_rows
     return None
 
 

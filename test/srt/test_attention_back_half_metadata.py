@@ -6,7 +6,7 @@ For triton, trtllm_mha and torch_native: one query per request over its whole
 sequence (the keys its last token attends in the pass, sliding windows
 included), built while the pass's metadata is current; neither the pass's
 backend nor its ForwardBatch is written. (That the back half's layers find
-that backend, and the pass's again after them: test_gemma4_yoco.py.)
+that backend, and the pass's again after them: test_kv_sharing_fast_prefill.py.)
 """
 
 import pytest

@@ -1,5 +1,6 @@
 """`make demo`'s client path: a CPU server on the tiny Gemma-4 with YOCO on, spoken to through
-the OpenAI-compatible API with text (completions, chat, a streamed chat reply).
+the OpenAI-compatible API with text (completions, chat, a streamed chat reply); its /metrics
+counts the prefill passes that took the fast path.
 
 Starts scripts/demo.py's server (about a minute on two cores) and runs its client."""
 
@@ -69,6 +70,7 @@ def test_demo_client_path(tmp_path):
     try:
         server.wait_healthy(url)
         texts = demo.client(url, stream=True, out=lambda *a, **k: None)
+        passes = demo.fast_prefill_passes(url)
     finally:
         server.stop()
     assert set(texts) == {"completion", "chat", "stream"}
@@ -77,3 +79,5 @@ def test_demo_client_path(tmp_path):
     log = "\n".join(server.lines)
     assert "KV-sharing fast prefill (YOCO) on" in log
     assert "prefill passes of >= 0 new tokens" in log
+    # the three prompts' prefill passes took the fast path, counted in /metrics
+    assert passes.get(("fast", ""), 0) >= 3, passes

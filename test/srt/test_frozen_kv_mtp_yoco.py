@@ -6,14 +6,12 @@ Step mtp-target-prefill-captures-last: the frozen-KV worker's target prefill ask
 or the batch's spec_info needs every token's hidden state. Stock SGLang (0.5.17 and
 0.5.23) asked for FULL, which made every prefill under MTP fall back to the full
 computation.
-Step mtp-assistant-fast-prefill-off: the assistant's own Gemma4TextModel never runs fast prefill.
 
 Per MTP phase, whether YOCO fires is checked with the real predicate
 (``fast_prefill_skip_reason``) on real ForwardBatch objects, using the forward
 mode and capture mode that phase really runs with.
 """
 
-import socket
 import types
 from contextlib import contextmanager, nullcontext
 from unittest import mock
@@ -21,8 +19,7 @@ from unittest import mock
 import pytest
 import torch
 
-from test_gemma4_yoco import FIRST_SHARED, make_batch, reason
-from tiny_gemma4 import TINY_TEXT_CONFIG
+from test_kv_sharing_fast_prefill import make_batch, reason
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import (
@@ -291,14 +288,14 @@ def test_phase_target_prefill_fires():
     # a request that returns hidden states still takes the full computation
     mode, _, _ = run_prefill([5, 9, 1], return_hidden_states_mode=FULL)
     fb.capture_hidden_mode = mode
-    assert reason(fb) == "full hidden-state capture"
+    assert reason(fb) == "full_hidden_capture"
 
 
 def test_phase_stock_full_capture_never_fires():
     """Stock SGLang asked the target prefill for FULL: YOCO could never fire."""
     fb = make_batch([5, 9, 1])
     fb.capture_hidden_mode = FULL
-    assert reason(fb) == "full hidden-state capture"
+    assert reason(fb) == "full_hidden_capture"
 
 
 def test_phase_target_prefill_of_single_tokens_does_not_fire():
@@ -307,7 +304,7 @@ def test_phase_target_prefill_of_single_tokens_does_not_fire():
     fb = make_batch([1, 1])
     fb.capture_hidden_mode = mode
     assert mode == LAST
-    assert reason(fb) == "no request has more than one new token"
+    assert reason(fb) == "one_token_per_request"
 
 
 def test_phase_assistant_draft_steps_do_not_fire():
@@ -322,9 +319,9 @@ def test_phase_assistant_draft_steps_do_not_fire():
     fb = make_batch([5, 9], mode=ForwardMode.DECODE)
     fb.capture_hidden_mode = mode
     # even if the assistant's model had a first shared layer, DECODE never fires
-    assert reason(fb) == "forward mode DECODE"
-    # and the assistant's Gemma4TextModel has none (step mtp-assistant-fast-prefill-off, tested below)
-    assert reason(fb, first=None) == "model has no KV-shared layers"
+    assert reason(fb) == "forward_mode"
+    # and the assistant's draft worker plans no pass at all
+    # (test_kv_sharing_fast_prefill: a draft worker plans nothing)
 
 
 def test_phase_target_verify_does_not_fire():
@@ -332,133 +329,4 @@ def test_phase_target_verify_does_not_fire():
     input from FrozenKVMTPDraftWorker.draft captures FULL."""
     fb = make_batch([4, 4], mode=ForwardMode.TARGET_VERIFY)
     fb.capture_hidden_mode = FULL
-    assert reason(fb) == "forward mode TARGET_VERIFY"
-
-
-# ------------------------------------------------ the assistant never fires
-
-TINY_ASSISTANT_CONFIG = {
-    "architectures": ["Gemma4AssistantForCausalLM"],
-    "model_type": "gemma4_assistant",
-    "backbone_hidden_size": 64,
-    "use_ordered_embeddings": False,
-    "tie_word_embeddings": True,
-    "torch_dtype": "float32",
-    "text_config": {
-        "model_type": "gemma4_text",
-        "vocab_size": 512,
-        "vocab_size_per_layer_input": 0,
-        "hidden_size_per_layer_input": 0,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_kv_shared_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "global_head_dim": 32,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "sliding_window": 16,
-        "rope_parameters": TINY_TEXT_CONFIG["rope_parameters"],
-        "hidden_activation": "gelu_pytorch_tanh",
-        "rms_norm_eps": 1e-06,
-        "final_logit_softcapping": 30.0,
-        "enable_moe_block": False,
-        "use_double_wide_mlp": False,
-        "attention_k_eq_v": False,
-        "attention_bias": False,
-        "tie_word_embeddings": True,
-        "max_position_embeddings": 4096,
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "bos_token_id": 2,
-    },
-}
-
-
-def _load_config(tmp_path_factory, name, cfg):
-    """Through SGLang's own config loader (it remaps Gemma-4 head dims)."""
-    import json
-
-    from sglang.srt.utils.hf_transformers import get_config
-
-    path = tmp_path_factory.mktemp(name)
-    (path / "config.json").write_text(json.dumps(cfg))
-    return get_config(str(path), trust_remote_code=False)
-
-
-@pytest.fixture(scope="module")
-def flag_on(tmp_path_factory):
-    """--kv-sharing-fast-prefill published, a 1-rank gloo model-parallel group
-    (this process first in its pipeline), and the tiny target / assistant configs.
-    Torn down afterwards (the engine tests start their schedulers in spawned
-    processes, but leave no trace)."""
-    from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.runtime_context import get_exec, get_parallel
-
-    target_cfg = _load_config(tmp_path_factory, "tiny_target", TINY_TEXT_CONFIG)
-    assistant_cfg = _load_config(tmp_path_factory, "tiny_assistant", TINY_ASSISTANT_CONFIG)
-    override = get_context().override_server_args(
-        kv_sharing_fast_prefill=True, kv_sharing_fast_prefill_min_tokens=0
-    )
-    override.install()
-    started = not torch.distributed.is_initialized()
-    try:
-        assert get_exec().features.kv_sharing_fast_prefill
-        if started:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            ps.init_distributed_environment(
-                backend="gloo",
-                world_size=1,
-                rank=0,
-                local_rank=0,
-                distributed_init_method=f"tcp://127.0.0.1:{port}",
-            )
-            ps.initialize_model_parallel()  # widths 1 (0.5.23 reads them published)
-        # The layers ask for this process's pipeline rank, which 0.5.23 takes from
-        # the launcher's rank bundle (none here) rather than from the groups.
-        with get_parallel().override(pp_rank=0):
-            yield types.SimpleNamespace(target=target_cfg, assistant=assistant_cfg)
-    finally:
-        if started:
-            ps.destroy_model_parallel()
-            ps.destroy_distributed_environment()
-        override.restore()
-
-
-def _build(flag_on):
-    from sglang.srt.models.gemma4_causal import Gemma4TextModel
-    from sglang.srt.models.gemma4_mtp import Gemma4AssistantForCausalLM
-
-    target = Gemma4TextModel(flag_on.target)
-    assistant = Gemma4AssistantForCausalLM(flag_on.assistant)
-    return target, assistant
-
-
-@pytest.mark.stack("yoco-mtp", step="mtp-assistant-fast-prefill-off")
-def test_assistant_text_model_never_fires(flag_on):
-    target, assistant = _build(flag_on)
-    # the flag is on: a target Gemma4TextModel does fast prefill from layer 4 of 8
-    assert target.fast_prefill_first_shared_layer == FIRST_SHARED
-    assert assistant.model.fast_prefill_first_shared_layer is None
-    # still off after the assistant's layers become KV-shared at bind time
-    ctx = types.SimpleNamespace(get_physical_layer_id=lambda i: 2 + i)
-    assistant.bind_frozen_kv_context(ctx)
-    assert all(l.self_attn.is_kv_shared_layer for l in assistant.model.layers)
-    assert assistant.model.fast_prefill_first_shared_layer is None
-
-
-@pytest.mark.stack("yoco-mtp", step="mtp-assistant-fast-prefill-off", fails_before=True)
-def test_assistant_stays_off_even_if_its_layers_count_as_shared(flag_on, monkeypatch):
-    """The assistant builds its text model with num_kv_shared_layers=0, so the
-    config alone keeps fast prefill off today. Step mtp-assistant-fast-prefill-off turns it off
-    explicitly: simulate a text model that sees its layers as KV-shared (they
-    all are after bind) and the assistant must still be off."""
-    from sglang.srt.models import gemma4_causal
-
-    monkeypatch.setattr(gemma4_causal, "first_kv_shared_layer", lambda config: 0)
-    target, assistant = _build(flag_on)
-    assert target.fast_prefill_first_shared_layer == 0  # the simulation took
-    assert assistant.model.fast_prefill_first_shared_layer is None
+    assert reason(fb) == "forward_mode"

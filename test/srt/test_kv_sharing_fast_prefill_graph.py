@@ -23,7 +23,7 @@ from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixtu
     make_torch_native_backend,
     make_triton_backend,
 )
-from test_gemma4_yoco import FIRST_SHARED
+from test_kv_sharing_fast_prefill import FIRST_SHARED, planner
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -104,13 +104,6 @@ def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None):
     return g
 
 
-def back_ple(plan, ple):
-    """What the model hands the back half with ``plan``: the per-layer inputs of
-    the back half's layers for its rows (per_layer_inputs_for_plan, with the
-    model's scale and norm left out)."""
-    return yoco.per_layer_inputs_for_plan(plan, ple, None, lambda projection, _: projection)[1]
-
-
 def eager_attention():
     return yoco.BackHalfAttention(make_torch_native_backend())
 
@@ -152,27 +145,26 @@ def test_graph_replay_equals_the_eager_back_half(reqs):
     ple = torch.randn(n_tok, END, PLE, generator=gen, dtype=torch.float64)
     layers = torch.nn.ModuleList(FakeLayer(i) for i in range(END))
 
-    eager = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn)
-    if eager is None:  # no request with more than one new token: full pass
-        assert yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn, graphs=make_graphs()) is None
-        return
-    want = yoco.run_back_half(layers, eager, END, hidden, back_ple(eager, ple))
-
-    graphs = make_graphs(layers=layers)
+    eager = planner(attn, back_half=back_half(layers)).plan(fb)
+    graphed = planner(attn, back_half=back_half(layers))
+    graphs = graphed.graphs = make_graphs(layers=layers)
     # stale values from an earlier, larger pass must not leak into this one
     graphs.hidden.fill_(7.0)
     graphs.seq_lens.fill_(99)
-    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=attn, graphs=graphs)
+    plan = graphed.plan(fb)
+    if eager is None:  # no request with more than one new token: full pass
+        assert plan is None
+        return
+    want = eager.run(fb, hidden, ple)
     if eager.num_reqs == 0:
-        assert plan.graphs is None and yoco.run_back_half(layers, plan, END, hidden, None) is hidden
+        assert isinstance(plan, yoco.FrontOnlyPlan) and plan.run(fb, hidden, ple) is hidden
         return
     if eager.num_reqs > graphs.max_bs:  # more rows than the largest graph: eager
-        assert plan.graphs is None and plan.batch is not None
+        assert isinstance(plan, yoco.EagerBackHalfPlan)
         return
     # nothing built before the front half: the graph stages its rows at back-half time
-    assert plan.graphs is graphs and plan.batch is None and plan.pass_batch is fb
-    got = yoco.run_back_half(layers, plan, END, hidden, back_ple(plan, ple))
-    assert torch.equal(got, want)
+    assert isinstance(plan, kr.GraphBackHalfPlan) and plan.graphs is graphs
+    assert torch.equal(plan.run(fb, hidden, ple), want)
 
     # the replay ran the bucket's graph over padded geometry: one-token rows of slot 0
     n = plan.num_reqs
@@ -180,26 +172,6 @@ def test_graph_replay_equals_the_eager_back_half(reqs):
     seq = list(plan.rows.seq_lens_cpu)
     assert graphs.backend.calls[-1] == (bs, seq + [1] * (bs - n), sum(seq) + bs - n, False)
     assert graphs.req_pool_indices[n:bs].tolist() == [0] * (bs - n)
-
-
-def test_layer_arguments_reach_the_eager_back_half():
-    """The graphs were captured without extra layer arguments, so a forward with
-    them plans without graphs (the model's call); the eager layers get them."""
-    fb = make_batch([5, 3])
-    plan = yoco.plan_fast_prefill(fb, FIRST_SHARED, attention=eager_attention())
-    seen = []
-
-    class KwargLayer(FakeLayer):
-        def forward(self, positions, hidden_states, per_layer_input, forward_batch, extra=None):
-            seen.append(extra)
-            return super().forward(positions, hidden_states, per_layer_input, forward_batch)
-
-    layers = torch.nn.ModuleList(KwargLayer(i) for i in range(END))
-    hidden = torch.randn(8, HIDDEN, dtype=torch.float64)
-    ple = torch.randn(8, END, PLE, dtype=torch.float64)
-    yoco.run_back_half(layers, plan, END, hidden, back_ple(plan, ple), extra="x")
-    assert seen == ["x"] * (END - FIRST_SHARED)
-    assert plan.batch.batch_size == 2
 
 
 @settings(max_examples=30, deadline=None)
@@ -231,10 +203,10 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     n = back.batch_size
     bs = next(b for b in graphs.capture_bs if b >= n)
     graph_be.init_forward_metadata_out_graph(graphs.batches[bs], in_capture=True)
-    plan = yoco.FastPrefillPlan(rows, graphs=graphs, pass_batch=fb)
+    plan = graphs.plan(rows)
     hidden = torch.zeros(sum(ext), HIDDEN, dtype=torch.float64)
     ple = torch.zeros(sum(ext), END, PLE, dtype=torch.float64)
-    yoco.run_back_half(graphs.back_half.layers, plan, END, hidden, back_ple(plan, ple))  # stages, replays
+    plan.run(fb, hidden, ple)  # stages, replays
     got = graph_be.forward_metadata
 
     for indptr, indices in (("kv_indptr", "kv_indices"), ("window_kv_indptr", "window_kv_indices")):
@@ -242,32 +214,6 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
         assert g_ptr[: n + 1].tolist() == w_ptr.tolist(), indptr
         k = int(w_ptr[n])
         assert torch.equal(getattr(got, indices)[:k], getattr(want, indices)[:k]), indices
-
-
-def test_the_model_declares_its_kv_shared_layers():
-    """What the model runner reads through SupportsKVSharingFastPrefill: the
-    KV-shared layers while the flag is on, None otherwise; and what it hands
-    back (the back half's attention and graphs) is what the model plans with."""
-    from sglang.srt.models.gemma4_causal import Gemma4ForCausalLM, Gemma4TextModel
-    from sglang.srt.models.gemma4_mm import Gemma4ForConditionalGeneration
-
-    assert issubclass(Gemma4ForCausalLM, yoco.SupportsKVSharingFastPrefill)
-    assert issubclass(Gemma4ForConditionalGeneration, yoco.SupportsKVSharingFastPrefill)
-    layers = torch.nn.ModuleList(FakeLayer(i) for i in range(END))
-    text = types.SimpleNamespace(
-        layers=layers,
-        end_layer=END,
-        config=types.SimpleNamespace(hidden_size=HIDDEN),
-        hidden_size_per_layer_input=PLE,
-        fast_prefill_first_shared_layer=FIRST_SHARED,
-    )
-    assert Gemma4TextModel.kv_shared_back_half(text) == yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE)
-    attn, graphs = eager_attention(), make_graphs()
-    Gemma4TextModel.set_back_half_attention(text, attn)
-    Gemma4TextModel.set_back_half_graphs(text, graphs)
-    assert text.fast_prefill_attention is attn and text.fast_prefill_graphs is graphs
-    text.fast_prefill_first_shared_layer = None  # flag off
-    assert Gemma4TextModel.kv_shared_back_half(text) is None
 
 
 def test_captured_batch_is_a_decode_step():
@@ -335,10 +281,9 @@ def test_capture_records_every_batch_size_under_its_own_backend(monkeypatch):
     assert all(g.outputs[bs].shape == (bs, HIDDEN) for bs in g.capture_bs)
 
 
-def _model_runner(decode_bs, draft=False):
+def _model_runner(decode_bs):
     return types.SimpleNamespace(
         server_args=types.SimpleNamespace(enable_cudagraph_gc=False),
-        is_draft_worker=draft,
         dtype=torch.float64,
         device="cpu",
         decode_bs=decode_bs,
@@ -368,7 +313,7 @@ def test_start_up_captures_at_the_decode_batch_sizes_up_to_the_cap(monkeypatch, 
     attn, made = _start_up(monkeypatch)
     with caplog.at_level("INFO", logger=kr.__name__):
         g = kr.KVSharedBackHalfGraphRunner.capture_for(
-            _model_runner([1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128]), back_half(), attn, None
+            _model_runner([1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128]), back_half(), attn
         )
     assert g.capture_bs == [1, 2, 4, 8, 16, 24, 32, 48, 64] and kr.MAX_BS == 64
     # the eager back half's attention, with CUDA-graph buffers for the largest size
@@ -378,19 +323,26 @@ def test_start_up_captures_at_the_decode_batch_sizes_up_to_the_cap(monkeypatch, 
     assert "captured for batch sizes [1, 2, 4, 8, 16, 24, 32, 48, 64]" in caplog.text
 
 
-@pytest.mark.parametrize(
-    "skip, decode_bs, draft, why",
-    [
-        ("--enable-deterministic-inference", [1, 2], False, "--enable-deterministic-inference"),
-        (None, [1, 2], True, "draft worker"),
-        (None, [80, 96], False, "no decode graph batch size up to 64"),
-    ],
-)
-def test_start_up_captures_nothing(monkeypatch, caplog, skip, decode_bs, draft, why):
+def test_start_up_captures_nothing_without_a_decode_graph_size_that_fits(monkeypatch, caplog):
     attn, made = _start_up(monkeypatch)
     with caplog.at_level("INFO", logger=kr.__name__):
-        g = kr.KVSharedBackHalfGraphRunner.capture_for(
-            _model_runner(decode_bs, draft), back_half(), attn, skip
-        )
+        g = kr.KVSharedBackHalfGraphRunner.capture_for(_model_runner([80, 96]), back_half(), attn)
     assert g is None and made == []
-    assert f"back half runs eager ({why})" in caplog.text
+    assert "back half runs eager (no decode graph batch size up to 64)" in caplog.text
+
+
+@pytest.mark.parametrize("decided", [True, False])
+def test_the_planner_captures_where_start_up_decided(monkeypatch, decided):
+    """The server-argument hook decides once whether the back half runs in CUDA
+    graphs (kv_sharing_fast_prefill_back_half_graphs); the planner captures
+    there and nowhere else, and plans passes on what it captured."""
+    from sglang.srt.model_executor import kv_sharing_fast_prefill_planner as kp
+
+    features = types.SimpleNamespace(kv_sharing_fast_prefill_back_half_graphs=decided)
+    monkeypatch.setattr(kp, "get_exec", lambda: types.SimpleNamespace(features=features))
+    attn, made = _start_up(monkeypatch)
+    p = planner(attn, back_half=back_half())
+    p.capture_graphs(_model_runner([1, 2, 4]))
+    assert (p.graphs is not None) == decided and made == ([(4, 4)] if decided else [])
+    plan = p.plan(make_batch([5, 3]))
+    assert isinstance(plan, kr.GraphBackHalfPlan if decided else yoco.EagerBackHalfPlan)

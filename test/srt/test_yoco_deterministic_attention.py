@@ -119,20 +119,20 @@ def _check():
     be.init_forward_metadata(fb)  # the full pass
     full = {w: attend(be, fb, torch.arange(n), w) for w in (WINDOW, -1)}
     back_be = back_half_backend_of(be)
-    plan = yoco.plan_fast_prefill(
-        fb, first_shared_layer=1, attention=yoco.BackHalfAttention(back_be)
-    )
-    rows = plan.rows.token_index
+    # what the planner's eager plan holds: the rows and their batch, prepared
+    planned = yoco.back_half_rows(fb, first_shared_layer=1)
+    batch = yoco.BackHalfAttention(back_be).prepare(fb, planned)
+    rows = planned.token_index
     for w, name in ((WINDOW, "sliding"), (-1, "full")):
-        back = attend(back_be, plan.batch, rows, w)
+        back = attend(back_be, batch, rows, w)
         out[name] = [torch.equal(back[i], full[w][r]) for i, r in enumerate(rows)]
-    out["back_half_mode"] = plan.batch.forward_mode.name
+    out["back_half_mode"] = batch.forward_mode.name
     # Control: the window triton builds for a one-token extend on its own, on
     # 0.5.23 with its window lists not padded to tiles.
     if HAS_KV_LOC_PLAN:
         back_be.align_window_kv_to_tiles = lambda *args: (None, None)
-    back_be.init_forward_metadata(plan.batch)
-    stock = attend(back_be, plan.batch, rows, WINDOW)
+    back_be.init_forward_metadata(batch)
+    stock = attend(back_be, batch, rows, WINDOW)
     out["stock_window"] = [torch.equal(stock[i], full[WINDOW][r]) for i, r in enumerate(rows)]
     return out
 
