@@ -460,10 +460,8 @@ def _tiny_config(name):
     return types.SimpleNamespace(**{"gemma4": G4, "gemma3n": G3N}[name])
 
 
-@pytest.mark.parametrize("name", [
-    "gemma4",
-    pytest.param("gemma3n", marks=pytest.mark.stack("yoco-model", step="gemma3n-fast-prefill-branch")),
-])
+@pytest.mark.stack("yoco-model", step="gemma3n-fast-prefill-branch")
+@pytest.mark.parametrize("name", ["gemma4", "gemma3n"])
 def test_each_text_model_declares_its_back_half(name):
     """What the model runner finds (find_kv_shared_back_half) in a model: the
     text model's KV-shared layers, Gemma-3n's with every AltUp stream and layers
@@ -599,10 +597,7 @@ class Served:
             e.shutdown()
 
 
-@pytest.fixture(scope="module", params=[
-    "gemma4",
-    pytest.param("gemma3n", marks=pytest.mark.stack("yoco-model", step="gemma3n-fast-prefill-branch")),
-])
+@pytest.fixture(scope="module", params=["gemma4", "gemma3n"])
 def served(request, tmp_path_factory):
     if request.param == "gemma4":
         from tiny_gemma4 import make_tiny_gemma4 as make
