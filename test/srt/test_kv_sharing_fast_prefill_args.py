@@ -29,7 +29,7 @@ from resolved_server_args import (
     with_fields,
     with_model_config,
 )
-from tiny_gemma4 import TINY_TEXT_CONFIG
+from tiny_gemma import GEMMA4_TEXT_CONFIG
 
 pytestmark = pytest.mark.stack("yoco-flag", step="kv-sharing-fast-prefill-arg")
 
@@ -50,7 +50,7 @@ def _layer_types(num_layers, period):
 
 def gemma4_text_config(variant):
     """The tiny test config with the layer structure of a real Gemma-4 model."""
-    cfg = copy.deepcopy(TINY_TEXT_CONFIG)
+    cfg = copy.deepcopy(GEMMA4_TEXT_CONFIG)
     if variant == "E2B":
         cfg.update(
             num_hidden_layers=35,
@@ -111,7 +111,7 @@ LLAMA_CONFIG = {
 
 def gemma4_assistant_config():
     """A Gemma-4 MTP assistant draft (NEXTN with it resolves to FROZEN_KV_MTP)."""
-    text = {k: v for k, v in TINY_TEXT_CONFIG.items() if k != "architectures"}
+    text = {k: v for k, v in GEMMA4_TEXT_CONFIG.items() if k != "architectures"}
     text.update(
         num_hidden_layers=4,
         num_kv_shared_layers=4,
@@ -123,7 +123,7 @@ def gemma4_assistant_config():
     return {
         "architectures": ["Gemma4AssistantForCausalLM"],
         "model_type": "gemma4_assistant",
-        "backbone_hidden_size": TINY_TEXT_CONFIG["hidden_size"],
+        "backbone_hidden_size": GEMMA4_TEXT_CONFIG["hidden_size"],
         "use_ordered_embeddings": True,
         "num_centroids": 16,
         "centroid_intermediate_top_k": 4,
