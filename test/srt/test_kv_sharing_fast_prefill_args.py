@@ -50,15 +50,16 @@ def _layer_types(num_layers, period):
     ]
 
 
-_NO_PLE = dict(attention_k_eq_v=True, num_global_key_value_heads=1,
-               hidden_size_per_layer_input=0, use_double_wide_mlp=False)
+# 26B-A4B and 31B: K = V on full layers, no per-layer inputs
+_LARGE = dict(attention_k_eq_v=True, num_global_key_value_heads=1,
+              hidden_size_per_layer_input=0, use_double_wide_mlp=False)
 # variant: (num_hidden_layers, num_kv_shared_layers, full-layer period, other fields)
 VARIANTS = {
     "E2B": (35, 20, 5, dict(use_double_wide_mlp=True)),
     "E4B": (42, 18, 6, dict(use_double_wide_mlp=False)),
-    "26B-A4B": (30, 0, 6, dict(_NO_PLE, enable_moe_block=True, num_experts=4,
+    "26B-A4B": (30, 0, 6, dict(_LARGE, enable_moe_block=True, num_experts=4,
                                top_k_experts=2, moe_intermediate_size=32)),
-    "31B": (60, 0, 6, _NO_PLE),
+    "31B": (60, 0, 6, _LARGE),
 }
 
 
