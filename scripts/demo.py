@@ -94,10 +94,10 @@ def write_tokenizer(path: str, vocab_size: int) -> None:
 
 def build_model(path: str) -> str:
     """The tiny seeded Gemma-4 of the CPU tests plus its demo tokenizer, at `path`."""
-    from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
+    from tiny_gemma import GEMMA4_TEXT_CONFIG, make_tiny_gemma4
 
     make_tiny_gemma4(path, seed=0)
-    write_tokenizer(path, TINY_TEXT_CONFIG["vocab_size"])
+    write_tokenizer(path, GEMMA4_TEXT_CONFIG["vocab_size"])
     return path
 
 

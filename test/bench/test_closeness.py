@@ -63,10 +63,10 @@ def test_closeness_tiny_on_cpu(tmp_path):
     # in every mode, so each comparison counts those as identical
     from cpu_engine import LOGPROB_ATOL, HFReference
     from closeness import TINY_DEFAULTS, make_prompts
-    from tiny_gemma4 import TINY_TEXT_CONFIG
+    from tiny_gemma import GEMMA4_TEXT_CONFIG
 
     prompts = make_prompts(PROMPTS, TINY_DEFAULTS["min_len"], TINY_DEFAULTS["max_len"],
-                           TINY_TEXT_CONFIG["vocab_size"], seed=0)
+                           GEMMA4_TEXT_CONFIG["vocab_size"], seed=0)
     assert [len(x) for x in prompts] == d["prompt_lens"]
     hf = HFReference(str(tmp_path / "ckpt" / "tiny-target"))
     decisive = []

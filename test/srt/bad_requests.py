@@ -23,6 +23,21 @@ def gen(ids=(5, 6, 7), sp=None, **kw):
 G = "/generate"
 C = "/v1/completions"
 
+# One request per route that needs the tokenizer (test_openai_without_tokenizer.py too).
+NEEDS_TOKENIZER = [
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/tokenize", {"model": "m", "prompt": "hi"}),
+    ("/tokenize", {"model": "m", "prompt": "hi"}),
+    ("/v1/rerank", {"query": "a", "documents": ["b"]}),
+    ("/v1/responses", {"model": "m", "input": "hi"}),
+    ("/v1/messages", {"model": "m", "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/messages/count_tokens", {"model": "m",
+                                   "messages": [{"role": "user", "content": "hi"}]}),
+    ("/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/api/generate", {"model": "m", "prompt": "hi"}),
+]
+
 BAD_REQUESTS = [
     ("input_id_far_above_vocab", G, gen([5, 1000000000]),
      "input_ids[1] is 1000000000, outside the vocabulary"),
@@ -129,18 +144,7 @@ BAD_REQUESTS = [
      "/v1/completions returns text, which needs the tokenizer"),
 ] + [
     (f"{path}_without_tokenizer", path, body, f"{path} needs the tokenizer")
-    for path, body in [
-        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
-        ("/v1/tokenize", {"model": "m", "prompt": "hi"}),
-        ("/v1/rerank", {"query": "a", "documents": ["b"]}),
-        ("/v1/responses", {"model": "m", "input": "hi"}),
-        ("/v1/messages", {"model": "m", "max_tokens": 2,
-                          "messages": [{"role": "user", "content": "hi"}]}),
-        ("/v1/messages/count_tokens", {"model": "m",
-                                       "messages": [{"role": "user", "content": "hi"}]}),
-        ("/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
-        ("/api/generate", {"model": "m", "prompt": "hi"}),
-    ]
+    for path, body in NEEDS_TOKENIZER if path != "/tokenize"
 ]
 
 # The ones that took stock's whole server down. (n_above_bound did not: it kept every

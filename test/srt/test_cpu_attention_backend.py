@@ -4,13 +4,12 @@ is refused with a message that names the ones they do."""
 import pytest
 
 import resolved_server_args as rsa
+import tiny_gemma
+
 
 @pytest.fixture(scope="module", params=["gemma4", "gemma3n"])
 def tiny(request, tmp_path_factory):
-    if request.param == "gemma4":
-        from tiny_gemma4 import make_tiny_gemma4 as make
-    else:
-        from tiny_gemma3n import make_tiny_gemma3n as make
+    make = getattr(tiny_gemma, f"make_tiny_{request.param}")
     return make(str(tmp_path_factory.mktemp(f"tiny_{request.param}")), seed=0)
 
 

@@ -12,7 +12,7 @@ import sys
 import textwrap
 import pytest
 
-from tiny_gemma4 import make_tiny_gemma4
+from tiny_gemma import make_tiny_gemma4
 
 pytestmark = pytest.mark.stack("cpu-reference")
 

@@ -6,9 +6,10 @@ Starts scripts/demo.py's server (about a minute on two cores) and runs its clien
 
 import importlib.util
 import os
-import socket
 
 import pytest
+
+from server_process import free_port
 
 # The demo serves with YOCO on and shows its start-up line: it needs the model branch.
 pytestmark = pytest.mark.stack("yoco-model")
@@ -21,12 +22,6 @@ def load_demo():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_printed_server_command_can_be_pasted():

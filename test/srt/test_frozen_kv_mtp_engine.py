@@ -36,7 +36,7 @@ from cpu_engine import (
     server_arg_names,
     start_engine,
 )
-from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
+from tiny_gemma import GEMMA4_TEXT_CONFIG, make_tiny_gemma4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "yoco_gemma4"))
@@ -49,7 +49,7 @@ NEW_TOKENS = [4, 8, 12]  # per prompt: the batch shrinks 3 -> 2 -> 1
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("mtp")
     target = make_tiny_gemma4(str(root / "target"))
-    draft = write_assistant_checkpoint(str(root / "draft"), dict(TINY_TEXT_CONFIG))
+    draft = write_assistant_checkpoint(str(root / "draft"), dict(GEMMA4_TEXT_CONFIG))
     env = {
         "TRITON_INTERPRET": "1",
         "SGLANG_TEST_MTP_CPU_SHIM": "1",

@@ -43,7 +43,7 @@ import pytest
 
 from cpu_engine import TRITON_ENGINE, HFReference, server_arg_names, start_engine
 from test_frozen_kv_mtp_engine import environ
-from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
+from tiny_gemma import GEMMA4_TEXT_CONFIG, make_tiny_gemma4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark", "yoco_gemma4"))
@@ -51,7 +51,7 @@ from checkpoints import mtp_kwargs, write_assistant_checkpoint  # noqa: E402
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 # The tiny Gemma-4 at its smallest: every kind of layer once, KV-shared layers included.
-TARGET_CONFIG = dict(TINY_TEXT_CONFIG, num_hidden_layers=4, num_kv_shared_layers=2,
+TARGET_CONFIG = dict(GEMMA4_TEXT_CONFIG, num_hidden_layers=4, num_kv_shared_layers=2,
                      layer_types=[SLIDING, FULL] * 2, num_attention_heads=2,
                      num_key_value_heads=1)
 PROMPT_LENGTHS = [9, 20, 33]

@@ -1,5 +1,6 @@
 """--kv-sharing-fast-prefill (Gemma-4 YOCO fast prefill): the server argument
-and the start-up checks in arg_groups/kv_sharing_fast_prefill_hook.py.
+and the start-up checks in arg_groups/kv_sharing_fast_prefill_hook.py, table by table
+(its architectures, speculative algorithms, attention backends, unsupported features).
 
 Models are config-only checkpoints (ServerArgs reads config.json, no weights)
 shaped like the real Gemma-4 text configs: E2B (35 layers, 20 KV-shared) and
@@ -29,7 +30,8 @@ from resolved_server_args import (
     with_fields,
     with_model_config,
 )
-from tiny_gemma4 import TINY_TEXT_CONFIG
+from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
+from tiny_gemma import GEMMA4_TEXT_CONFIG
 
 pytestmark = pytest.mark.stack("yoco-flag", step="kv-sharing-fast-prefill-arg")
 
@@ -48,82 +50,43 @@ def _layer_types(num_layers, period):
     ]
 
 
+# 26B-A4B and 31B: K = V on full layers, no per-layer inputs
+_LARGE = dict(attention_k_eq_v=True, num_global_key_value_heads=1,
+              hidden_size_per_layer_input=0, use_double_wide_mlp=False)
+# variant: (num_hidden_layers, num_kv_shared_layers, full-layer period, other fields)
+VARIANTS = {
+    "E2B": (35, 20, 5, dict(use_double_wide_mlp=True)),
+    "E4B": (42, 18, 6, dict(use_double_wide_mlp=False)),
+    "26B-A4B": (30, 0, 6, dict(_LARGE, enable_moe_block=True, num_experts=4,
+                               top_k_experts=2, moe_intermediate_size=32)),
+    "31B": (60, 0, 6, _LARGE),
+}
+
+
 def gemma4_text_config(variant):
     """The tiny test config with the layer structure of a real Gemma-4 model."""
-    cfg = copy.deepcopy(TINY_TEXT_CONFIG)
-    if variant == "E2B":
-        cfg.update(
-            num_hidden_layers=35,
-            num_kv_shared_layers=20,
-            layer_types=_layer_types(35, 5),
-            use_double_wide_mlp=True,
-        )
-    elif variant == "E4B":
-        cfg.update(
-            num_hidden_layers=42,
-            num_kv_shared_layers=18,
-            layer_types=_layer_types(42, 6),
-            use_double_wide_mlp=False,
-        )
-    elif variant == "26B-A4B":
-        cfg.update(
-            num_hidden_layers=30,
-            num_kv_shared_layers=0,
-            layer_types=_layer_types(30, 6),
-            enable_moe_block=True,
-            num_experts=4,
-            top_k_experts=2,
-            moe_intermediate_size=32,
-            attention_k_eq_v=True,
-            num_global_key_value_heads=1,
-            hidden_size_per_layer_input=0,
-            use_double_wide_mlp=False,
-        )
-    elif variant == "31B":
-        cfg.update(
-            num_hidden_layers=60,
-            num_kv_shared_layers=0,
-            layer_types=_layer_types(60, 6),
-            attention_k_eq_v=True,
-            num_global_key_value_heads=1,
-            hidden_size_per_layer_input=0,
-            use_double_wide_mlp=False,
-        )
-    else:
-        raise ValueError(variant)
-    return cfg
+    layers, shared, period, extra = VARIANTS[variant]
+    return dict(copy.deepcopy(GEMMA4_TEXT_CONFIG), num_hidden_layers=layers,
+                num_kv_shared_layers=shared, layer_types=_layer_types(layers, period), **extra)
 
 
-LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "torch_dtype": "float32",
-}
+LLAMA_CONFIG = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=64,
+    intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=4096, rms_norm_eps=1e-6, torch_dtype="float32",
+)
 
 
 def gemma4_assistant_config():
     """A Gemma-4 MTP assistant draft (NEXTN with it resolves to FROZEN_KV_MTP)."""
-    text = {k: v for k, v in TINY_TEXT_CONFIG.items() if k != "architectures"}
-    text.update(
-        num_hidden_layers=4,
-        num_kv_shared_layers=4,
-        layer_types=_layer_types(4, 4),
-        hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=0,
-        use_double_wide_mlp=False,
-    )
+    text = {k: v for k, v in GEMMA4_TEXT_CONFIG.items() if k != "architectures"}
+    text.update(num_hidden_layers=4, num_kv_shared_layers=4, layer_types=_layer_types(4, 4),
+                hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+                use_double_wide_mlp=False)
     return {
         "architectures": ["Gemma4AssistantForCausalLM"],
         "model_type": "gemma4_assistant",
-        "backbone_hidden_size": TINY_TEXT_CONFIG["hidden_size"],
+        "backbone_hidden_size": GEMMA4_TEXT_CONFIG["hidden_size"],
         "use_ordered_embeddings": True,
         "num_centroids": 16,
         "centroid_intermediate_top_k": 4,
@@ -133,10 +96,7 @@ def gemma4_assistant_config():
 
 
 CONFIGS = {
-    "E2B": lambda: gemma4_text_config("E2B"),
-    "E4B": lambda: gemma4_text_config("E4B"),
-    "26B-A4B": lambda: gemma4_text_config("26B-A4B"),
-    "31B": lambda: gemma4_text_config("31B"),
+    **{v: (lambda v=v: gemma4_text_config(v)) for v in VARIANTS},
     "llama": lambda: LLAMA_CONFIG,
     # A non-Gemma-4 architecture that carries the attribute is still rejected.
     "llama-kv-shared": lambda: dict(LLAMA_CONFIG, num_kv_shared_layers=1),
@@ -160,19 +120,14 @@ def model(tmp_path):
 
 # --------------------------------------------------------------------------- helpers
 
-BASE_KWARGS = dict(
-    device="cpu",
-    attention_backend="torch_native",
-    skip_tokenizer_init=True,
-    kv_sharing_fast_prefill=True,
-)
+BASE_KWARGS = dict(device="cpu", attention_backend="torch_native", skip_tokenizer_init=True,
+                   kv_sharing_fast_prefill=True)
+CPU_ARGV = ["--device", "cpu", "--attention-backend", "torch_native"]
 
 
 def server_args(model_path, **overrides):
     """ServerArgs as sglang.Engine(model_path=..., **kwargs) builds them."""
-    kwargs = dict(BASE_KWARGS, model_path=model_path)
-    kwargs.update(overrides)
-    return build(**kwargs)
+    return build(**dict(BASE_KWARGS, model_path=model_path, **overrides))
 
 
 def cli_parser():
@@ -195,13 +150,19 @@ def reject(fn, *args, **kwargs) -> str:
 
 def run_hook(args, **fields):
     """Run the hook on with_fields(args, **fields)."""
-    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
-        handle_kv_sharing_fast_prefill,
-    )
-
     args = with_fields(args, **fields)
-    handle_kv_sharing_fast_prefill(args)
+    hook.handle_kv_sharing_fast_prefill(args)
     return args
+
+
+def logged(caplog, fn, *args, **kwargs):
+    """(fn(*args, **kwargs), the hook's messages from INFO up, its warnings)."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
+        out = fn(*args, **kwargs)
+    mine = [r for r in caplog.records if r.name == HOOK_LOGGER]
+    return (out, [r.getMessage() for r in mine],
+            [r.getMessage() for r in mine if r.levelno >= logging.WARNING])
 
 
 def prefill_graph(args):
@@ -225,8 +186,7 @@ def test_default_is_off(model):
     del kwargs["kv_sharing_fast_prefill"]
     args = build(model_path=model("E4B"), **kwargs)
     assert resolved(args, "kv_sharing_fast_prefill") is False
-    argv = ["--model-path", model("E4B"), "--device", "cpu"]
-    argv += ["--attention-backend", "torch_native"]
+    argv = ["--model-path", model("E4B")] + CPU_ARGV
     assert resolved(server_args_from_cli(argv), "kv_sharing_fast_prefill") is False
 
 
@@ -236,17 +196,9 @@ def test_off_skips_every_check(model):
     assert resolved(args, "kv_sharing_fast_prefill") is False
 
 
-def test_cli_round_trip(model):
-    argv = ["--model-path", model("E4B"), "--device", "cpu"]
-    argv += ["--attention-backend", "torch_native", FLAG]
-    assert resolved(server_args_from_cli(argv), "kv_sharing_fast_prefill") is True
-
-
 def test_help_mentions_flag():
     help_text = " ".join(cli_parser().format_help().split())
-    assert FLAG in help_text
-    assert "last token of each request" in help_text
-    assert "YOCO" in help_text
+    assert FLAG in help_text and "last token of each request" in help_text and "YOCO" in help_text
 
 
 @pytest.mark.parametrize("on", [False, True])
@@ -265,9 +217,8 @@ def test_min_tokens_default_cli_and_exec_features(model):
 
     # unset: resolved once at start-up, by the hook
     assert ServerArgs(model_path="dummy").kv_sharing_fast_prefill_min_tokens is None
-    argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "torch_native"]
-    argv += [FLAG, "--kv-sharing-fast-prefill-min-tokens", "0"]
-    args = server_args_from_cli(argv)
+    argv = ["--model-path", model("E4B")] + CPU_ARGV
+    args = server_args_from_cli(argv + [FLAG, "--kv-sharing-fast-prefill-min-tokens", "0"])
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 0
     with published(args):
         assert get_exec().features.kv_sharing_fast_prefill_min_tokens == 0
@@ -282,19 +233,16 @@ def test_negative_min_tokens_rejected(model):
 def test_min_tokens_without_the_flag_warns(model, caplog):
     """Accepted silently, --kv-sharing-fast-prefill-min-tokens alone read as if YOCO
     were tuned while it was off."""
-    argv = ["--model-path", model("E4B"), "--device", "cpu", "--attention-backend", "torch_native"]
-    with caplog.at_level(logging.WARNING, logger=HOOK_LOGGER):
-        args = server_args_from_cli(argv + ["--kv-sharing-fast-prefill-min-tokens", "100"])
+    argv = ["--model-path", model("E4B")] + CPU_ARGV
+    args, _, warnings = logged(
+        caplog, server_args_from_cli, argv + ["--kv-sharing-fast-prefill-min-tokens", "100"])
     assert resolved(args, "kv_sharing_fast_prefill") is False
-    warnings = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
     assert len(warnings) == 1, warnings
     assert ("--kv-sharing-fast-prefill-min-tokens 100 has no effect" in warnings[0]
             and f"off without {FLAG}" in warnings[0]), warnings
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=HOOK_LOGGER):
-        server_args_from_cli(argv)
-        server_args_from_cli(argv + [FLAG, "--kv-sharing-fast-prefill-min-tokens", "100"])
-    assert not [r for r in caplog.records if "has no effect" in r.getMessage()]
+    for quiet in (argv, argv + [FLAG, "--kv-sharing-fast-prefill-min-tokens", "100"]):
+        assert not [w for w in logged(caplog, server_args_from_cli, quiet)[2]
+                    if "has no effect" in w]
 
 
 CLI_VS_KWARGS = {
@@ -318,13 +266,13 @@ CLI_VS_KWARGS = {
 
 @pytest.mark.parametrize("case", list(CLI_VS_KWARGS))
 def test_cli_and_engine_kwargs_decide_alike(model, case):
+    """The flag round-trips the CLI, and both ways to start decide alike."""
     kwargs, extra_argv = copy.deepcopy(CLI_VS_KWARGS[case])
     path = model(kwargs.pop("model", "E4B"))
     if kwargs.get("speculative_draft_model_path"):
         kwargs["speculative_draft_model_path"] = model("E4B")
         extra_argv[extra_argv.index("E4B")] = model("E4B")
-    argv = ["--model-path", path, "--device", "cpu", "--skip-tokenizer-init"]
-    argv += ["--attention-backend", "torch_native", FLAG] + extra_argv
+    argv = ["--model-path", path, "--skip-tokenizer-init"] + CPU_ARGV + [FLAG] + extra_argv
 
     def outcome(build):
         try:
@@ -335,39 +283,34 @@ def test_cli_and_engine_kwargs_decide_alike(model, case):
         return ("accepted", resolved(args, "kv_sharing_fast_prefill"), graph.backend, graph.bs)
 
     from_kwargs = outcome(lambda: server_args(path, **kwargs))
-    from_cli = outcome(lambda: server_args_from_cli(argv))
-    assert from_kwargs == from_cli
-    assert from_kwargs[0] == ("accepted" if case.endswith("accepted") else "rejected")
+    assert from_kwargs == outcome(lambda: server_args_from_cli(argv))
+    if case.endswith("accepted"):
+        assert from_kwargs[:2] == ("accepted", True)
+    else:
+        assert from_kwargs[0] == "rejected"
 
 
 # --------------------------------------------------------------------------- models
 
 
-@pytest.mark.parametrize(
-    "variant, first_shared, num_layers", [("E2B", 15, 35), ("E4B", 24, 42)]
-)
-def test_gemma4_with_kv_shared_layers_accepted(
-    model, caplog, variant, first_shared, num_layers
-):
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        args = server_args(model(variant))
+@pytest.mark.parametrize("variant", ["E2B", "E4B"])
+def test_gemma4_with_kv_shared_layers_accepted(model, caplog, variant):
+    num_layers, num_shared = VARIANTS[variant][:2]
+    first_shared = num_layers - num_shared
+    args, (line,), _ = logged(caplog, server_args, model(variant))  # one line, no warning
     assert resolved(args, "kv_sharing_fast_prefill") is True
-    lines = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
-    assert len(lines) == 1
     # min-tokens unset: resolved once, here, with the reason in the line
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
-    assert lines[0].startswith(
+    assert line.startswith(
         f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
         f"of {num_layers}; prefill passes of >= 4096 new tokens (unset: "
     )
-    assert lines[0].endswith(
+    assert line.endswith(
         f") run layers {first_shared}-{num_layers - 1} for the last token of each "
         "request only"
     )
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        server_args(model(variant), kv_sharing_fast_prefill_min_tokens=64)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    _, (line,), _ = logged(caplog, server_args, model(variant),
+                           kv_sharing_fast_prefill_min_tokens=64)
     assert "passes of >= 64 new tokens (--kv-sharing-fast-prefill-min-tokens)" in line
 
 
@@ -375,21 +318,15 @@ def test_gemma4_with_kv_shared_layers_accepted(
 def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(
     model, caplog, monkeypatch
 ):
-    from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
     from sglang.srt.runtime_context import get_exec
 
     # on this CPU-only machine the back half runs eager: the default stays
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        args = server_args(model("E4B"))
-    (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    args, (line,), _ = logged(caplog, server_args, model("E4B"))
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
     assert "(unset: the back half runs eager (device cpu), and smaller" in line
     # where start-up captures the back half (and no prefill graph runs): 0
     monkeypatch.setattr(hook, "back_half_graph_skip_reason", lambda server_args: None)
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        args = server_args(model("E4B"))
-    (line,) = [r.getMessage() for r in caplog.records if r.name == HOOK_LOGGER]
+    args, (line,), _ = logged(caplog, server_args, model("E4B"))
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 0
     assert "passes of >= 0 new tokens (unset: the back half replays CUDA graphs)" in line
     with published(args):  # what the model reads
@@ -406,133 +343,104 @@ def test_when_start_up_captures_the_back_half(monkeypatch):
     import types
 
     from sglang.srt.arg_groups import kv_sharing_fast_prefill_settings as settings
-    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
-        back_half_graph_skip_reason,
-    )
     from sglang.srt.environ import envs
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    def args(**over):
-        a = dict(device="cuda", backend="triton", decode=Backend.FULL,
-                 enable_deterministic_inference=False, dcp_size=1)
-        a.update(over)
-        return types.SimpleNamespace(
-            view=types.SimpleNamespace(
-                device=a["device"],
-                enable_deterministic_inference=a["enable_deterministic_inference"],
-                dcp_size=a["dcp_size"],
-            ),
+    def reason(**over):
+        a = {**dict(device="cuda", backend="triton", decode=Backend.FULL,
+                    enable_deterministic_inference=False, dcp_size=1), **over}
+        return hook.back_half_graph_skip_reason(types.SimpleNamespace(
+            view=types.SimpleNamespace(**{k: a[k] for k in (
+                "device", "enable_deterministic_inference", "dcp_size")}),
             graphs=types.SimpleNamespace(decode=types.SimpleNamespace(backend=a["decode"])),
             backends=(a["backend"], a["backend"]),
-        )
+        ))
 
     monkeypatch.setattr(settings, "view", lambda ns: ns.view)
     monkeypatch.setattr(settings, "cuda_graph_config", lambda ns: ns.graphs)
     monkeypatch.setattr(settings, "attention_backends", lambda ns: ns.backends)
-    assert back_half_graph_skip_reason(args()) is None
-    assert back_half_graph_skip_reason(args(device="cpu")) == "device cpu"
-    assert back_half_graph_skip_reason(args(decode=Backend.DISABLED)) == "decode CUDA graphs are off"
-    assert "triton only" in back_half_graph_skip_reason(args(backend="trtllm_mha"))
-    assert back_half_graph_skip_reason(args(enable_deterministic_inference=True)) == (
-        "--enable-deterministic-inference"
-    )
-    assert back_half_graph_skip_reason(args(dcp_size=2)) == "decode context parallelism"
+    assert reason() is None
+    assert reason(device="cpu") == "device cpu"
+    assert reason(decode=Backend.DISABLED) == "decode CUDA graphs are off"
+    assert "triton only" in reason(backend="trtllm_mha")
+    assert reason(enable_deterministic_inference=True) == "--enable-deterministic-inference"
+    assert reason(dcp_size=2) == "decode context parallelism"
     with envs.SGLANG_KV_SHARING_FAST_PREFILL_GRAPH.override(False):
-        assert back_half_graph_skip_reason(args()) == "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
+        assert reason() == "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
 
 
-
-@pytest.mark.parametrize("variant, num_layers", [("26B-A4B", 30), ("31B", 60)])
-def test_gemma4_without_kv_shared_layers_rejected(model, variant, num_layers):
-    msg = reject(server_args, model(variant))
-    assert FLAG in msg
-    assert "num_kv_shared_layers=0" in msg
-    assert f"num_hidden_layers={num_layers}" in msg
-    assert "Gemma4ForCausalLM" in msg
-
-
-@pytest.mark.parametrize("name, num_shared", [("llama", 0), ("llama-kv-shared", 1)])
-def test_non_gemma4_model_rejected(model, name, num_shared):
+@pytest.mark.parametrize("name, architecture, num_shared, num_layers", [
+    ("26B-A4B", "Gemma4ForCausalLM", 0, 30),
+    ("31B", "Gemma4ForCausalLM", 0, 60),
+    ("llama", "LlamaForCausalLM", 0, 2),
+    ("llama-kv-shared", "LlamaForCausalLM", 1, 2),
+])
+def test_model_without_kv_shared_layers_or_fast_prefill_rejected(
+    model, name, architecture, num_shared, num_layers
+):
     msg = reject(server_args, model(name))
-    assert FLAG in msg
-    assert "architecture LlamaForCausalLM" in msg
-    assert f"num_kv_shared_layers={num_shared}" in msg
+    assert (f"has architecture {architecture} with num_kv_shared_layers={num_shared} "
+            f"(num_hidden_layers={num_layers}). Drop {FLAG} for this model.") in msg
 
 
-def test_multimodal_gemma4_architectures_accepted(e4b_resolved):
-    # The real E2B/E4B checkpoints are Gemma4ForConditionalGeneration; their
-    # text stack is the same Gemma4TextModel.
-    from sglang.srt.arg_groups import kv_sharing_fast_prefill_hook as hook
-
-    for arch in (
-        "Gemma4ForConditionalGeneration",
-        "Gemma4UnifiedForConditionalGeneration",
-    ):
-        config = copy.copy(model_config(e4b_resolved))
-        config.hf_config = copy.copy(config.hf_config)
-        config.hf_config.architectures = [arch]
-        args = with_model_config(e4b_resolved, config)
-        assert hook._check_model(args) == (24, 42)
+# Gemma-3n's join at its step (04-yoco-model gemma3n-fast-prefill-branch).
+@pytest.mark.parametrize("architecture", getattr(
+    hook, "FAST_PREFILL_ARCHITECTURES", hook.GEMMA4_ARCHITECTURES))
+def test_every_fast_prefill_architecture_accepted(e4b_resolved, architecture):
+    # The real E2B/E4B checkpoints are *ForConditionalGeneration; their text stack is
+    # the same text model.
+    assert {"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+            "Gemma4UnifiedForConditionalGeneration"} <= set(hook.GEMMA4_ARCHITECTURES)
+    config = copy.copy(model_config(e4b_resolved))
+    config.hf_config = copy.copy(config.hf_config)
+    config.hf_config.architectures = [architecture]
+    args = with_model_config(e4b_resolved, config)
+    assert hook._check_model(args) == (24, 42)
 
 
 # --------------------------------------------------------------------------- spec
 
 
-@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "STANDALONE"])
-def test_speculative_needing_every_token_rejected(model, algorithm):
-    msg = reject(
-        server_args,
-        model("E4B"),
-        speculative_algorithm=algorithm,
-        speculative_draft_model_path=model("E4B"),
-    )
-    assert f"{FLAG} is incompatible with --speculative-algorithm {algorithm}" in msg
+@pytest.mark.parametrize("algorithm, named", [
+    ("EAGLE", "EAGLE"), ("EAGLE3", "EAGLE3"), ("STANDALONE", "STANDALONE"),
+    ("NEXTN", "EAGLE"),  # with a draft that is no Gemma-4 assistant: resolved to EAGLE
+    # ServerArgs on CPU rejects DFLASH/DSPARK before the hook (a plugin's name too):
+    # the hook on resolved arguments
+    ("DFLASH", None), ("DSPARK", None), ("SOME_PLUGIN_ALGO", None),
+])
+def test_speculative_needing_every_token_rejected(model, algorithm, named):
+    if named:
+        msg = reject(server_args, model("E4B"), speculative_algorithm=algorithm,
+                     speculative_draft_model_path=model("E4B"))
+    else:
+        msg = reject(run_hook, server_args(model("E4B")), speculative_algorithm=algorithm)
+    assert f"{FLAG} is incompatible with --speculative-algorithm {named or algorithm}" in msg
     assert "FROZEN_KV_MTP" in msg
 
 
-def test_nextn_with_non_assistant_draft_resolves_to_eagle_and_is_rejected(model):
-    msg = reject(
-        server_args,
-        model("E4B"),
-        speculative_algorithm="NEXTN",
-        speculative_draft_model_path=model("E4B"),
-    )
-    assert "--speculative-algorithm EAGLE" in msg
-
-
-@pytest.mark.parametrize("algorithm", ["DFLASH", "DSPARK", "SOME_PLUGIN_ALGO"])
-def test_speculative_gpu_only_or_plugin_rejected(e4b_resolved, algorithm):
-    # ServerArgs on CPU rejects DFLASH/DSPARK before the hook; check the hook.
-    msg = reject(run_hook, e4b_resolved, speculative_algorithm=algorithm)
-    assert f"--speculative-algorithm {algorithm}" in msg
-
-
-@pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
-def test_frozen_kv_mtp_accepted(model, algorithm):
-    args = server_args(
-        model("E4B"),
-        speculative_algorithm=algorithm,
-        speculative_draft_model_path=model("assistant"),
-    )
-    assert resolved(args, "speculative_algorithm") == "FROZEN_KV_MTP"
+@pytest.mark.parametrize("algorithm, draft, resolved_as", [
+    ("NEXTN", "assistant", "FROZEN_KV_MTP"),
+    ("EAGLE", "assistant", "FROZEN_KV_MTP"),
+    ("NGRAM", None, "NGRAM"),
+])
+def test_speculative_needing_the_last_token_accepted(model, algorithm, draft, resolved_as):
+    draft = dict(speculative_draft_model_path=model(draft)) if draft else {}
+    args = server_args(model("E4B"), speculative_algorithm=algorithm, **draft)
+    assert resolved(args, "speculative_algorithm") == resolved_as
     assert resolved(args, "kv_sharing_fast_prefill") is True
-
-
-def test_ngram_accepted(model):
-    args = server_args(model("E4B"), speculative_algorithm="NGRAM")
-    assert resolved(args, "speculative_algorithm") == "NGRAM"
+    assert resolved_as in hook.ALLOWED_SPECULATIVE_ALGORITHMS
 
 
 # --------------------------------------------------------------------------- attention
 
 
-def test_torch_native_on_cpu_accepted(e4b_resolved):
-    assert attention_backends(e4b_resolved) == ("torch_native", "torch_native")
-
-
-def test_triton_accepted(model):
-    args = server_args(model("E4B"), attention_backend="triton")
-    assert attention_backends(args) == ("triton", "triton")
+@pytest.mark.parametrize("device, backend", [
+    *[("cuda", b) for b in hook.ALLOWED_ATTENTION_BACKENDS],  # trtllm_mha: Blackwell only
+    *[("cpu", b) for b in hook.ALLOWED_ATTENTION_BACKENDS + hook.ALLOWED_CPU_ATTENTION_BACKENDS],
+])
+def test_allowed_attention_backends_accepted(e4b_resolved, device, backend):
+    args = run_hook(e4b_resolved, device=device, attention_backend=backend)
+    assert attention_backends(args) == (backend, backend)
 
 
 def test_deterministic_inference_with_triton_accepted(model):
@@ -543,10 +451,18 @@ def test_deterministic_inference_with_triton_accepted(model):
     assert attention_backends(args) == ("triton", "triton")
 
 
-def test_trtllm_mha_accepted(e4b_resolved):
-    # trtllm_mha needs a Blackwell GPU to get through ServerArgs.
-    args = run_hook(e4b_resolved, device="cuda", attention_backend="trtllm_mha")
-    assert attention_backends(args) == ("trtllm_mha", "trtllm_mha")
+@pytest.mark.parametrize("fields, phase, backend", [
+    # Gemma-4's own check rejects most of these before the hook on CPU.
+    *[pytest.param(dict(attention_backend=b), "prefill", b, id=b)
+      for b in ("flashinfer", "fa3", "intel_xpu", "torch_native")],  # torch_native: CPU only
+    pytest.param(dict(attention_backend="triton", decode_attention_backend="flashinfer"),
+                 "decode", "flashinfer", id="decode-flashinfer"),
+])
+def test_other_attention_backends_rejected(e4b_resolved, fields, phase, backend):
+    msg = reject(run_hook, e4b_resolved, device="cuda", **fields)
+    assert (f"does not support the {phase} attention backend {backend!r} on device 'cuda' "
+            "(supported: triton, trtllm_mha). Set --attention-backend (or "
+            f"--{phase}-attention-backend) to one of those, or drop {FLAG}.") in msg
 
 
 @pytest.mark.parametrize(
@@ -554,103 +470,60 @@ def test_trtllm_mha_accepted(e4b_resolved):
 )
 def test_split_prefill_and_decode_backends_rejected(e4b_resolved, prefill, decode):
     # HybridAttnBackend: the back half would run on the other phase's backend.
-    msg = reject(
-        run_hook,
-        e4b_resolved,
-        device="cuda",
-        prefill_attention_backend=prefill,
-        decode_attention_backend=decode,
-    )
+    msg = reject(run_hook, e4b_resolved, device="cuda",
+                 prefill_attention_backend=prefill, decode_attention_backend=decode)
     assert f"(got prefill {prefill!r}, decode {decode!r})" in msg
     assert "--attention-backend" in msg
-
-
-@pytest.mark.parametrize("backend", ["flashinfer", "fa3", "intel_xpu"])
-def test_other_attention_backends_rejected(e4b_resolved, backend):
-    # Gemma-4's own check rejects most of these before the hook on CPU.
-    msg = reject(run_hook, e4b_resolved, device="cuda", attention_backend=backend)
-    assert f"prefill attention backend {backend!r}" in msg
-    assert "supported: triton, trtllm_mha)" in msg
-    assert "--attention-backend" in msg
-
-
-def test_torch_native_off_cpu_rejected(e4b_resolved):
-    msg = reject(
-        run_hook, e4b_resolved, device="cuda", attention_backend="torch_native"
-    )
-    assert "prefill attention backend 'torch_native' on device 'cuda'" in msg
-
-
-def test_decode_attention_backend_checked_too(e4b_resolved):
-    msg = reject(
-        run_hook,
-        e4b_resolved,
-        device="cuda",
-        attention_backend="triton",
-        decode_attention_backend="flashinfer",
-    )
-    assert "decode attention backend 'flashinfer'" in msg
-    assert "--decode-attention-backend" in msg
 
 
 # --------------------------------------------------------------------------- features
 
 
+# Each of the hook's UNSUPPORTED_FEATURES: [(settings that turn it on, through ServerArgs
+# (or on resolved arguments: ServerArgs on CPU rejects them first), `got` in the message
+# (any of), the fix it names)].
 UNSUPPORTED = {
-    "pipeline parallelism": (dict(pp_size=2), "got pp_size=2", "--pp-size 1"),
+    "pipeline parallelism": [(dict(pp_size=2), False, ["got pp_size=2"], "--pp-size 1")],
     # --enable-dp-attention is a field on 0.5.17; 0.5.23 resolves it into attn_dp_size
-    "DP attention": (
-        dict(enable_dp_attention=True, dp_size=2, tp_size=2),
-        ("got enable_dp_attention=True", "got attn_dp_size=2"),
-        "--enable-dp-attention",
-    ),
-    "context parallelism": (
-        dict(attn_cp_size=2, tp_size=2), "got attn_cp_size=2", "--attn-cp-size 1"
-    ),
-    "context parallelism (prefill CP)": (
-        dict(enable_prefill_cp=True, cp_strategy="zigzag"),
-        "enable_prefill_cp=True",
-        "--enable-prefill-cp",
-    ),
-    "two-batch overlap": (
-        dict(enable_two_batch_overlap=True),
-        "got enable_two_batch_overlap=True",
-        "--enable-two-batch-overlap",
-    ),
-    "embedding models": (
-        dict(is_embedding=True),
-        "got is_embedding=True",
-        "--is-embedding",
-    ),
+    "DP attention": [(dict(enable_dp_attention=True, dp_size=2, tp_size=2), False,
+                      ["got enable_dp_attention=True", "got attn_dp_size=2"],
+                      "--enable-dp-attention")],
+    "context parallelism": [
+        (dict(attn_cp_size=2, tp_size=2), False, ["got attn_cp_size=2"], "--attn-cp-size 1"),
+        (dict(enable_prefill_cp=True, cp_strategy="zigzag"), False,
+         ["enable_prefill_cp=True"], "--enable-prefill-cp"),
+        # enable_prefill_cp, and on releases that have them its legacy aliases
+        *[({f: True}, True, [f"(got {f}=True)"], "--enable-prefill-cp")
+          for f in hook.settings.PREFILL_CP_SETTINGS],
+    ],
+    "two-batch overlap": [(dict(enable_two_batch_overlap=True), False,
+                           ["got enable_two_batch_overlap=True"], "--enable-two-batch-overlap")],
+    "embedding models": [(dict(is_embedding=True), False, ["got is_embedding=True"],
+                          "--is-embedding")],
+    # ServerArgs requires flashinfer for --enable-mis, which Gemma-4 rejects first.
+    "multi-item scoring": [(dict(enable_mis=True), True, ["(got enable_mis=True)"],
+                            "--enable-mis")],
 }
 
 
-@pytest.mark.parametrize("feature", list(UNSUPPORTED))
-def test_unsupported_features_rejected(model, feature):
-    overrides, got, advice = UNSUPPORTED[feature]
-    msg = reject(server_args, model("E4B"), **overrides)
-    assert f"does not support {feature.split(' (')[0]} yet" in msg
-    assert any(g in msg for g in ((got,) if isinstance(got, str) else got)), msg
-    assert advice in msg
+def test_every_unsupported_feature_has_cases():
+    assert "enable_prefill_cp" in hook.settings.PREFILL_CP_SETTINGS
+    assert list(UNSUPPORTED) == [f[0] for f in hook.UNSUPPORTED_FEATURES]
 
 
-def test_each_context_parallel_setting_rejected(e4b_resolved):
-    # enable_prefill_cp, and on releases that have them its legacy aliases
-    from sglang.srt.arg_groups.kv_sharing_fast_prefill_settings import (
-        PREFILL_CP_SETTINGS,
-    )
-
-    assert "enable_prefill_cp" in PREFILL_CP_SETTINGS
-    for field in PREFILL_CP_SETTINGS:
-        msg = reject(run_hook, e4b_resolved, **{field: True})
-        assert f"does not support context parallelism yet (got {field}=True)" in msg
-
-
-def test_multi_item_scoring_rejected(e4b_resolved):
-    # ServerArgs requires flashinfer for --enable-mis, which Gemma-4 rejects first.
-    msg = reject(run_hook, e4b_resolved, enable_mis=True)
-    assert "does not support multi-item scoring yet (got enable_mis=True)" in msg
-    assert "--enable-mis" in msg
+@pytest.mark.parametrize("feature, on, on_resolved, got, fix", [
+    pytest.param(feature, *case, id=",".join(case[0])) for feature, cases in UNSUPPORTED.items()
+    for case in cases
+])
+def test_unsupported_features_rejected(model, feature, on, on_resolved, got, fix):
+    if on_resolved:
+        msg = reject(run_hook, server_args(model("E4B")), **on)
+    else:
+        msg = reject(server_args, model("E4B"), **on)
+    instead = next(f[3] for f in hook.UNSUPPORTED_FEATURES if f[0] == feature)
+    assert f"does not support {feature} yet (" in msg
+    assert any(g in msg for g in got), msg
+    assert fix in instead and f"{instead}, or drop {FLAG}." in msg
 
 
 # --------------------------------------------------------------------------- CUDA graph
@@ -670,18 +543,9 @@ def test_multi_item_scoring_rejected(e4b_resolved):
 )
 def test_pinned_prefill_cuda_graph_rejected(model, overrides):
     msg = reject(server_args, model("E4B"), attention_backend="triton", **overrides)
-    assert "prefill CUDA graph" in msg
-    assert "set explicitly" in msg
-    assert "--kv-sharing-fast-prefill-min-tokens" in msg
-    assert "--disable-prefill-cuda-graph" in msg
-
-
-def _hook_records(caplog, level):
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == HOOK_LOGGER and r.levelno == level
-    ]
+    for part in ("prefill CUDA graph", "set explicitly", "--kv-sharing-fast-prefill-min-tokens",
+                 "--disable-prefill-cuda-graph"):
+        assert part in msg
 
 
 @pytest.mark.parametrize("min_tokens", [4096, 1024, 300])
@@ -690,83 +554,59 @@ def test_breakable_prefill_graph_capped_below_threshold(model, caplog, min_token
     every capture size at or above it is dropped, so those passes run eager."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    plain = prefill_graph(
-        server_args(
-            model("E4B"),
-            attention_backend="triton",
-            cuda_graph_backend_prefill="breakable",
-            kv_sharing_fast_prefill=False,
-        )
-    )
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        args = server_args(
-            model("E4B"),
-            attention_backend="triton",
-            cuda_graph_backend_prefill="breakable",
-            kv_sharing_fast_prefill_min_tokens=min_tokens,
-        )
+    breakable = dict(attention_backend="triton", cuda_graph_backend_prefill="breakable")
+    plain = prefill_graph(server_args(model("E4B"), kv_sharing_fast_prefill=False, **breakable))
+    args, infos, warnings = logged(caplog, server_args, model("E4B"),
+                                   kv_sharing_fast_prefill_min_tokens=min_tokens, **breakable)
     graph = prefill_graph(args)
     assert graph.backend == Backend.BREAKABLE
     assert graph.bs == [s for s in plain.bs if s < min_tokens]
     assert graph.max_bs == graph.bs[-1] < min_tokens
-    capped = any("capped" in m for m in _hook_records(caplog, logging.INFO))
-    assert capped == (plain.max_bs >= min_tokens)
-    assert not _hook_records(caplog, logging.WARNING)
+    assert any("capped" in m for m in infos) == (plain.max_bs >= min_tokens)
+    assert not warnings
+
+
+def _with_prefill_graph(args, **prefill):
+    """``args`` with a prefill CUDA graph that nobody set (a platform's default)."""
+    config = copy.deepcopy(resolved(args, "cuda_graph_config"))
+    for name, value in prefill.items():
+        setattr(config.prefill, name, value)
+    return with_fields(args, cuda_graph_config=config), config
 
 
 def test_defaulted_breakable_prefill_graph_capped_quietly(e4b_resolved, caplog):
     """The CUDA default (breakable, as a GPU server resolves it) is capped too."""
-    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
-        handle_kv_sharing_fast_prefill,
-    )
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    config = copy.deepcopy(resolved(e4b_resolved, "cuda_graph_config"))
-    config.prefill.backend = Backend.BREAKABLE
-    config.prefill.bs = [256, 2048, 3840, 4096, 8192]
-    config.prefill.max_bs = 8192
-    on_gpu = with_fields(e4b_resolved, cuda_graph_config=config)
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        handle_kv_sharing_fast_prefill(on_gpu)
+    on_gpu, _ = _with_prefill_graph(e4b_resolved, backend=Backend.BREAKABLE,
+                                    bs=[256, 2048, 3840, 4096, 8192], max_bs=8192)
+    _, _, warnings = logged(caplog, hook.handle_kv_sharing_fast_prefill, on_gpu)
     graph = prefill_graph(on_gpu)
     assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048, 3840], 3840)
-    assert not _hook_records(caplog, logging.WARNING)
+    assert not warnings
 
 
 def test_pinned_capture_sizes_above_threshold_dropped_with_warning(model, caplog):
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        args = server_args(
-            model("E4B"),
-            attention_backend="triton",
-            cuda_graph_config={"prefill": {"backend": "breakable", "bs": [256, 2048, 8192]}},
-        )
+    args, _, (warning,) = logged(
+        caplog, server_args, model("E4B"), attention_backend="triton",
+        cuda_graph_config={"prefill": {"backend": "breakable", "bs": [256, 2048, 8192]}})
     graph = prefill_graph(args)
     assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048], 2048)
-    (warning,) = _hook_records(caplog, logging.WARNING)
     assert "capped at 2048 tokens" in warning and ">= 4096" in warning
 
 
 def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(e4b_resolved, caplog):
     """A prefill graph nobody set (a platform's or a model's default) that is not
     breakable cannot be kept: it is turned off, decode graphs stay."""
-    from sglang.srt.arg_groups.kv_sharing_fast_prefill_hook import (
-        handle_kv_sharing_fast_prefill,
-    )
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    config = copy.deepcopy(resolved(e4b_resolved, "cuda_graph_config"))
-    config.prefill.backend = Backend.FULL
-    args = with_fields(e4b_resolved, cuda_graph_config=config)
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        handle_kv_sharing_fast_prefill(args)
+    args, config = _with_prefill_graph(e4b_resolved, backend=Backend.FULL)
+    _, _, (warning,) = logged(caplog, hook.handle_kv_sharing_fast_prefill, args)
     assert prefill_graph(args).backend == Backend.DISABLED
     assert resolved(args, "cuda_graph_config").decode == config.decode
-    warnings = _hook_records(caplog, logging.WARNING)
-    assert len(warnings) == 1
-    assert "Disabling prefill CUDA graph" in warnings[0]
-    assert FLAG in warnings[0]
+    assert "Disabling prefill CUDA graph" in warning and FLAG in warning
 
 
 @pytest.mark.parametrize(
@@ -777,11 +617,7 @@ def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(e4b_resolved, 
 def test_disabled_prefill_cuda_graph_accepted_quietly(model, caplog, overrides):
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    with caplog.at_level(logging.INFO, logger=HOOK_LOGGER):
-        args = server_args(model("E4B"), attention_backend="triton", **overrides)
+    args, _, warnings = logged(caplog, server_args, model("E4B"), attention_backend="triton",
+                               **overrides)
     assert prefill_graph(args).backend == Backend.DISABLED
-    assert not [
-        r
-        for r in caplog.records
-        if r.name == HOOK_LOGGER and r.levelno >= logging.WARNING
-    ]
+    assert not warnings

@@ -8,6 +8,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from bad_requests import NEEDS_TOKENIZER, error_message  # each route failed inside its handler
+
 pytestmark = pytest.mark.stack("generic-fixes")
 
 
@@ -51,22 +53,6 @@ def test_completions_serve_token_ids_or_say_why(monkeypatch):
     assert resp.usage.completion_tokens == 2
 
 
-# One request per route that needs the tokenizer; each failed inside its handler.
-NEEDS_TOKENIZER = [
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
-    ("/v1/tokenize", {"model": "m", "prompt": "hi"}),
-    ("/tokenize", {"model": "m", "prompt": "hi"}),
-    ("/v1/rerank", {"query": "a", "documents": ["b"]}),
-    ("/v1/responses", {"model": "m", "input": "hi"}),
-    ("/v1/messages", {"model": "m", "max_tokens": 2,
-                      "messages": [{"role": "user", "content": "hi"}]}),
-    ("/v1/messages/count_tokens", {"model": "m",
-                                   "messages": [{"role": "user", "content": "hi"}]}),
-    ("/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
-    ("/api/generate", {"model": "m", "prompt": "hi"}),
-]
-
-
 @pytest.fixture(scope="module")
 def client_without_tokenizer():
     from fastapi.testclient import TestClient
@@ -84,8 +70,6 @@ def client_without_tokenizer():
 @pytest.mark.parametrize("path, body", NEEDS_TOKENIZER, ids=[p for p, _ in NEEDS_TOKENIZER])
 @pytest.mark.stack("generic-fixes", step="routes-needing-tokenizer-400", fails_before=True)
 def test_routes_needing_the_tokenizer_answer_400(client_without_tokenizer, path, body):
-    from bad_requests import error_message
-
     r = client_without_tokenizer.post(path, json=body)
     assert r.status_code == 400, (r.status_code, r.text[:300])
     msg = error_message(r)

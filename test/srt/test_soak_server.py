@@ -41,7 +41,7 @@ CHUNK = 251
 # another order (fp32): logprobs agree to about 1e-3, not bit for bit. Tokens
 # are compared exactly.
 LOGPROB_ATOL = 2e-3
-HIDDEN = 64  # tiny_gemma4's hidden_size
+HIDDEN = 64  # tiny_gemma.py's Gemma-4 hidden_size
 COMMON_ARGS = ["--chunked-prefill-size", str(CHUNK), "--enable-return-hidden-states",
                "--log-level", "info"]
 YOCO_ARGS = ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"]

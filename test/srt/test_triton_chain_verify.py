@@ -56,15 +56,78 @@ def release_fields(be, pool, n):
     )
 
 
-def _check():
+def chain_backend(pool, page_size, req_to_token, bs, max_ctx):
+    """A triton backend with what the verify paths read, as __init__ and
+    init_cuda_graph_state set them, for bs requests of N draft tokens."""
     import torch
 
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
     from sglang.srt.layers.attention import triton_backend
-    from sglang.srt.layers.attention.triton_chain_verify import ChainVerify
-    from sglang.srt.layers.radix_attention import AttentionType
+
+    be = object.__new__(triton_backend.TritonAttnBackend)
+    be.__dict__.update(
+        sliding_window_size=WINDOW, token_to_kv_pool=pool, use_sliding_window_kv_pool=False,
+        dcp_size=1, page_size=page_size, device="cpu", _translate_kv_loc=None, enable_deterministic=False,
+        use_mla=False, skip_prefill=False, is_draft_runner=False, topk=1, num_draft_tokens=N, num_head=HEADS,
+        max_kv_splits=SPLITS, num_kv_head=KV_HEADS, v_head_dim=HEAD_DIM, swa_v_head_dim=None,
+        static_kv_splits=False, device_core_count=132, split_tile_size=None, use_pdl=False,
+        max_context_len=max_ctx, use_verify_splitkv=False, extend_attention_fwd=extend_attention_fwd,
+        decode_attention_fwd=decode_attention_fwd, chain_verify=None, req_to_token=req_to_token,
+    )
+    for name, dtype in (("kv_indptr", torch.int32), ("window_kv_indptr", torch.int32),
+                        ("qo_indptr", torch.int64), ("mask_indptr", torch.int64)):
+        setattr(be, name, torch.zeros(bs + 1, dtype=dtype))
+    m = bs * N  # CUDA-graph buffers, as init_cuda_graph_state sizes them
+    be.cuda_graph_kv_indices = torch.zeros(m * max_ctx, dtype=torch.int64)
+    be.cuda_graph_num_kv_splits = torch.zeros(m, dtype=torch.int32)
+    be.cuda_graph_window_num_kv_splits = torch.zeros(m, dtype=torch.int32)
+    be.cuda_graph_attn_logits = torch.zeros(m, HEADS, SPLITS, HEAD_DIM)
+    be.cuda_graph_attn_lse = torch.zeros(m, HEADS, SPLITS)
+    be.cuda_graph_swa_attn_logits = None
+    release_fields(be, pool, N)
+    return be
+
+
+def verify_batch(be, prefix):
+    """The verify batch as prepare_for_v2_verify leaves it: draft slots already in
+    req_to_token, seq_lens = cached prefix, a chain tree mask per request; and the
+    release's KV plan arguments of the graph metadata."""
+    import torch
+
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    bs = len(prefix)
+    tri = torch.tril(torch.ones(N, N, dtype=torch.bool))
+    mask = torch.cat([torch.cat([torch.ones(N, p, dtype=torch.bool), tri], 1).reshape(-1) for p in prefix])
+    spec = types.SimpleNamespace(custom_mask=mask, draft_token_num=N, num_tokens_per_req=N)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs * N, dtype=torch.int64),
+        req_pool_indices=torch.arange(1, bs + 1), seq_lens=torch.tensor(prefix),
+        out_cache_loc=torch.cat([be.req_to_token[i + 1, p : p + N].long() for i, p in enumerate(prefix)]),
+        seq_lens_sum=sum(prefix), spec_info=spec,
+    )
+    if not HAS_KV_LOC_PLAN:
+        return fb, ()
+    be.kv_index_translator.bind_own_plan(fb)
+    return fb, (fb.kv_loc_plan,)
+
+
+def attention_layer(window, layer_id):
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    return types.SimpleNamespace(
+        sliding_window_size=window, layer_id=layer_id, tp_q_head_num=HEADS, qk_head_dim=HEAD_DIM,
+        v_head_dim=HEAD_DIM, k_scale=None, v_scale=None, scaling=HEAD_DIM**-0.5,
+        xai_temperature_len=-1, logit_capping_method="tanh", logit_cap=0.0,
+        is_cross_attention=False, attn_type=AttentionType.DECODER,
+    )
+
+
+def _check():
+    import torch
+
+    from sglang.srt.layers.attention.triton_chain_verify import ChainVerify
 
     g = torch.Generator().manual_seed(0)
     k_buf = torch.randn(POOL, KV_HEADS, HEAD_DIM, generator=g)
@@ -78,55 +141,20 @@ def _check():
         get_key_buffer=lambda i: k_buf, get_value_buffer=lambda i: v_buf, set_kv_buffer=set_kv_buffer
     )
     bs = len(PREFIX)
-    be = object.__new__(triton_backend.TritonAttnBackend)
-    be.__dict__.update(
-        sliding_window_size=WINDOW, token_to_kv_pool=pool, use_sliding_window_kv_pool=False,
-        dcp_size=1, page_size=1, device="cpu", _translate_kv_loc=None, enable_deterministic=False,
-        use_mla=False, skip_prefill=False, is_draft_runner=False, topk=1, num_draft_tokens=N, num_head=HEADS,
-        max_kv_splits=SPLITS, num_kv_head=KV_HEADS, v_head_dim=HEAD_DIM, swa_v_head_dim=None, static_kv_splits=False,
-        device_core_count=132, split_tile_size=None, use_pdl=False, max_context_len=MAX_CTX,
-        use_verify_splitkv=False, extend_attention_fwd=extend_attention_fwd,
-        decode_attention_fwd=decode_attention_fwd, chain_verify=None,
-    )
-    for name, dtype in (("kv_indptr", torch.int32), ("window_kv_indptr", torch.int32),
-                        ("qo_indptr", torch.int64), ("mask_indptr", torch.int64)):
-        setattr(be, name, torch.zeros(bs + 1, dtype=dtype))
-    be.req_to_token = torch.zeros(bs + 1, MAX_CTX + N + 4, dtype=torch.int32)  # as ReqToTokenPool
+    req_to_token = torch.zeros(bs + 1, MAX_CTX + N + 4, dtype=torch.int32)  # as ReqToTokenPool
     slots = torch.randperm(POOL, generator=g)[: sum(PREFIX) + bs * N].to(torch.int32)
     lens = [p + N for p in PREFIX]
     for i, n in enumerate(lens):
-        be.req_to_token[i + 1, :n] = slots[sum(lens[:i]) : sum(lens[: i + 1])]
-    release_fields(be, pool, N)
-
-    # The verify batch as prepare_for_v2_verify leaves it: draft slots already in
-    # req_to_token, seq_lens = cached prefix, a chain tree mask per request.
-    tri = torch.tril(torch.ones(N, N, dtype=torch.bool))
-    mask = torch.cat([torch.cat([torch.ones(N, p, dtype=torch.bool), tri], 1).reshape(-1) for p in PREFIX])
-    spec = types.SimpleNamespace(custom_mask=mask, draft_token_num=N, num_tokens_per_req=N)
-    fb = ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs * N, dtype=torch.int64),
-        req_pool_indices=torch.arange(1, bs + 1), seq_lens=torch.tensor(PREFIX),
-        out_cache_loc=torch.cat([be.req_to_token[i + 1, p : p + N].long() for i, p in enumerate(PREFIX)]),
-        seq_lens_sum=sum(PREFIX), spec_info=spec,
-    )
-    plan = ()
-    if HAS_KV_LOC_PLAN:
-        be.kv_index_translator.bind_own_plan(fb)
-        plan = (fb.kv_loc_plan,)
+        req_to_token[i + 1, :n] = slots[sum(lens[:i]) : sum(lens[: i + 1])]
+    be = chain_backend(pool, 1, req_to_token, bs, MAX_CTX)
+    fb, plan = verify_batch(be, PREFIX)
+    spec = fb.spec_info
     q = torch.randn(bs * N, HEADS * HEAD_DIM, generator=g)
     k_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g)
     v_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g)
 
-    def _layer(window):
-        return types.SimpleNamespace(
-            sliding_window_size=window, layer_id=0, tp_q_head_num=HEADS, qk_head_dim=HEAD_DIM,
-            v_head_dim=HEAD_DIM, k_scale=None, v_scale=None, scaling=HEAD_DIM**-0.5,
-            xai_temperature_len=-1, logit_capping_method="tanh", logit_cap=0.0,
-            is_cross_attention=False, attn_type=AttentionType.DECODER,
-        )
-
     def attend(window):
-        return be.forward_extend(q, k_new, v_new, _layer(window), fb).clone()
+        return be.forward_extend(q, k_new, v_new, attention_layer(window, 0), fb).clone()
 
     out = {}
     be.init_forward_metadata(fb)
@@ -139,12 +167,6 @@ def _check():
     chain = {w: attend(w) for w in (WINDOW, -1)}
     # CUDA-graph path: the backend's static buffers, refilled as before a replay.
     m = bs * N
-    be.cuda_graph_kv_indices = torch.zeros(m * MAX_CTX, dtype=torch.int64)
-    be.cuda_graph_num_kv_splits = torch.zeros(m, dtype=torch.int32)
-    be.cuda_graph_window_num_kv_splits = torch.zeros(m, dtype=torch.int32)
-    be.cuda_graph_attn_logits = torch.zeros(m, HEADS, SPLITS, HEAD_DIM)
-    be.cuda_graph_attn_lse = torch.zeros(m, HEADS, SPLITS)
-    be.cuda_graph_swa_attn_logits = None
     be.chain_verify.init_cuda_graph_state(m)
     # rows reach seq_len + N keys: the index buffer grows to whole req_to_token rows
     out["graph_kv_indices_fit_rows"] = be.cuda_graph_kv_indices.numel() == m * (MAX_CTX + N + 4)
@@ -161,7 +183,7 @@ def _check():
         shared = {}
         for w in (WINDOW, -1):
             try:
-                shared[w] = be.forward_extend(q, None, None, _layer(w), fb).clone()
+                shared[w] = be.forward_extend(q, None, None, attention_layer(w, 0), fb).clone()
             except AttributeError as e:
                 shared[w] = repr(e)
         for w, name in ((WINDOW, "sliding"), (-1, "full")):
@@ -183,7 +205,7 @@ def _check():
     # A layer the grouped kernel does not handle (xai temperature), eager: that layer
     # alone runs one decode row per draft token, and the grouped metadata stays.
     def attend_xai(window):
-        layer = _layer(window)
+        layer = attention_layer(window, 0)
         layer.xai_temperature_len = 4
         return be.forward_extend(q, k_new, v_new, layer, fb).clone()
 

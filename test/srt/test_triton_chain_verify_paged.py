@@ -14,8 +14,8 @@ page boundaries, and one request's draft tokens cross a page boundary.
 Which verify runs: bf16 groups by default; an fp8 KV cache keeps one decode row per
 draft token (`chain_verify_grouped`), so that is the fp8 path checked here.
 
-Works on both bases (the release's backend fields: test_triton_chain_verify.py's
-`release_fields`); 0.5.23 has no page-major pool, so its cases are the NHD ones.
+Works on both bases (the backend with the release's fields: test_triton_chain_verify.py's
+`chain_backend`); 0.5.23 has no page-major pool, so its cases are the NHD ones.
 """
 
 import os
@@ -23,16 +23,17 @@ import types
 
 import pytest
 
-from test_triton_chain_verify import HAS_KV_LOC_PLAN, release_fields
+from test_triton_chain_verify import (  # and the same heads, draft tokens (N), window
+    HAS_KV_LOC_PLAN, HEAD_DIM, HEADS, KV_HEADS, N, WINDOW, attention_layer, chain_backend,
+    verify_batch,
+)
 from triton_interpret import exact_bf16_dot, print_result, run_as_script
 
 pytestmark = pytest.mark.stack("frozen-kv-mtp-speed")
 
 PAGE_ENV = "CHAIN_VERIFY_TEST_PAGE_SIZE"
 PREFIX = [5, 62, 90]  # cached tokens per request: below the window; drafts crossing a 64-page
-N = 4  # draft tokens per request
-WINDOW = 40  # backend.sliding_window_size (the first draft token sees 41 keys)
-HEADS, KV_HEADS, HEAD_DIM, MAX_CTX, SPLITS = 4, 2, 32, 100, 4
+MAX_CTX = 100  # the first draft token sees WINDOW + 1 keys
 POOL_TOKENS = 2048
 
 # Tolerances. Outputs are O(1) (v ~ N(0, 1)); measured values over page sizes 1/16/64:
@@ -97,78 +98,23 @@ def _pool(layout, dtype, ps):
     return pool
 
 
-def _backend(pool, ps, req_to_token):
-    import torch
-
-    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-    from sglang.srt.layers.attention import triton_backend
-
-    bs = len(PREFIX)
-    be = object.__new__(triton_backend.TritonAttnBackend)
-    be.__dict__.update(
-        sliding_window_size=WINDOW, token_to_kv_pool=pool, use_sliding_window_kv_pool=False,
-        dcp_size=1, page_size=ps, device="cpu", _translate_kv_loc=None, enable_deterministic=False,
-        use_mla=False, skip_prefill=False, is_draft_runner=False, topk=1, num_draft_tokens=N, num_head=HEADS,
-        max_kv_splits=SPLITS, num_kv_head=KV_HEADS, v_head_dim=HEAD_DIM, swa_v_head_dim=None,
-        static_kv_splits=False, device_core_count=132, split_tile_size=None, use_pdl=False,
-        max_context_len=MAX_CTX, use_verify_splitkv=False, extend_attention_fwd=extend_attention_fwd,
-        decode_attention_fwd=decode_attention_fwd, chain_verify=None, req_to_token=req_to_token,
-    )
-    for name, dtype in (("kv_indptr", torch.int32), ("window_kv_indptr", torch.int32),
-                        ("qo_indptr", torch.int64), ("mask_indptr", torch.int64)):
-        setattr(be, name, torch.zeros(bs + 1, dtype=dtype))
-    m = bs * N  # CUDA-graph buffers, as init_cuda_graph_state sizes them
-    be.cuda_graph_kv_indices = torch.zeros(m * MAX_CTX, dtype=torch.int64)
-    be.cuda_graph_num_kv_splits = torch.zeros(m, dtype=torch.int32)
-    be.cuda_graph_window_num_kv_splits = torch.zeros(m, dtype=torch.int32)
-    be.cuda_graph_attn_logits = torch.zeros(m, HEADS, SPLITS, HEAD_DIM)
-    be.cuda_graph_attn_lse = torch.zeros(m, HEADS, SPLITS)
-    be.cuda_graph_swa_attn_logits = None
-    release_fields(be, pool, N)
-    return be
-
-
 def _case(layout, dtype, ps, g):
     import torch
 
     from sglang.srt.layers.attention.triton_chain_verify import ChainVerify
-    from sglang.srt.layers.radix_attention import AttentionType
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     bs, lens = len(PREFIX), [p + N for p in PREFIX]
     pool = _pool(layout, dtype, ps)
     req_to_token, wrong_pages = _page_tables(g, ps, lens, POOL_TOKENS // ps)
-    be = _backend(pool, ps, req_to_token)
-    # The verify batch as prepare_for_v2_verify leaves it: draft slots in req_to_token,
-    # seq_lens = cached prefix, a chain tree mask per request.
-    tri = torch.tril(torch.ones(N, N, dtype=torch.bool))
-    mask = torch.cat([torch.cat([torch.ones(N, p, dtype=torch.bool), tri], 1).reshape(-1) for p in PREFIX])
-    spec = types.SimpleNamespace(custom_mask=mask, draft_token_num=N, num_tokens_per_req=N)
-    fb = ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs * N, dtype=torch.int64),
-        req_pool_indices=torch.arange(1, bs + 1), seq_lens=torch.tensor(PREFIX),
-        out_cache_loc=torch.cat([be.req_to_token[i + 1, p : p + N].long() for i, p in enumerate(PREFIX)]),
-        seq_lens_sum=sum(PREFIX), spec_info=spec,
-    )
-    plan = ()
-    if HAS_KV_LOC_PLAN:
-        be.kv_index_translator.bind_own_plan(fb)
-        plan = (fb.kv_loc_plan,)
+    be = chain_backend(pool, ps, req_to_token, bs, MAX_CTX)
+    fb, plan = verify_batch(be, PREFIX)
+    spec = fb.spec_info
     q = torch.randn(bs * N, HEADS * HEAD_DIM, generator=g).to(torch.bfloat16)
     k_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
     v_new = torch.randn(bs * N, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
 
-    def layer(window):
-        return types.SimpleNamespace(
-            sliding_window_size=window, layer_id=1, tp_q_head_num=HEADS, qk_head_dim=HEAD_DIM,
-            v_head_dim=HEAD_DIM, k_scale=None, v_scale=None, scaling=HEAD_DIM**-0.5,
-            xai_temperature_len=-1, logit_capping_method="tanh", logit_cap=0.0,
-            is_cross_attention=False, attn_type=AttentionType.DECODER,
-        )
-
     def attend(window):  # saves the draft tokens' K/V, then attends
-        return be.forward_extend(q, k_new, v_new, layer(window), fb).float()
+        return be.forward_extend(q, k_new, v_new, attention_layer(window, 1), fb).float()
 
     kinds = ((WINDOW, "sliding"), (-1, "full"))
     out = {}
@@ -224,7 +170,7 @@ def _case(layout, dtype, ps, g):
         be.chain_verify = None
         be.init_forward_metadata(fb)
         for w, name in kinds:
-            ref = be.forward_extend(q, k_new, v_new, layer(w), fb, save_kv_cache=False).float()
+            ref = be.forward_extend(q, k_new, v_new, attention_layer(w, 1), fb, save_kv_cache=False).float()
             out[f"stock_fp8_vs_bf16_{name}"] = (ref - stock[w]).abs().max().item()
     return out
 
