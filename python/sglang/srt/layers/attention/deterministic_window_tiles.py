@@ -8,7 +8,7 @@ sliding-window layer's list starts where the window of the pass's first query st
 ``prefix_len - min(prefix_len, window)``: a cold prefill of a prompt (prefix 0), a later
 chunk of it and a prefix-cache hit on it start at different positions, cut the same
 keys into different tiles and round differently, so a cached prompt's output is not
-its cold output, deterministic inference or not.
+its cold output, even under deterministic inference.
 
 ``align_window_to_tiles`` pads each list at its front with copies of its first key
 until it starts on a multiple of ``WINDOW_TILE`` (a multiple of every BLOCK_N the
