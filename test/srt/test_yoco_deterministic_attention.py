@@ -5,10 +5,11 @@ The kernel runs on CPU through Triton's interpreter (TRITON_INTERPRET=1, read
 when the kernels are defined, hence a fresh process: run this file as a script).
 Buffers are fp32 so that a different rounding order shows in the output: the
 control check proves the test can see one. On 0.5.17 the back half's window list
-starts where the pass's did (the control: the window triton builds for a one-token
-extend by itself starts elsewhere and rounds differently); on 0.5.23 triton pads
-every window list to absolute 128-key tiles, so the back half needs no window of
-its own (the control: the same back half without that padding rounds differently).
+starts where the pass's did; on both bases triton pads every window list to
+absolute 128-key tiles (0.5.17: step deterministic-sliding-window-tile-align), so
+the back half would round as the pass even with a window of its own. The control:
+the window triton builds for a one-token extend by itself, without that padding,
+rounds differently.
 """
 
 import types
@@ -127,10 +128,14 @@ def _check():
         back = attend(back_be, batch, rows, w)
         out[name] = [torch.equal(back[i], full[w][r]) for i, r in enumerate(rows)]
     out["back_half_mode"] = batch.forward_mode.name
-    # Control: the window triton builds for a one-token extend on its own, on
-    # 0.5.23 with its window lists not padded to tiles.
+    # Control: the window triton builds for a one-token extend on its own, with
+    # its window lists not padded to tiles.
     if HAS_KV_LOC_PLAN:
         back_be.align_window_kv_to_tiles = lambda *args: (None, None)
+    else:
+        from sglang.srt.layers.attention import deterministic_window_tiles
+
+        deterministic_window_tiles.WINDOW_TILE = 1  # no padding
     back_be.init_forward_metadata(batch)
     stock = attend(back_be, batch, rows, WINDOW)
     out["stock_window"] = [torch.equal(stock[i], full[WINDOW][r]) for i, r in enumerate(rows)]
@@ -143,8 +148,7 @@ def test_deterministic_back_half_attention_is_the_full_pass_bit_for_bit():
     assert out["full"] == [True] * len(SEQ)
     assert out["sliding"] == [True] * len(SEQ)
     # Requests longer than the window: the control's list starts at seq - 1 - W,
-    # not on the pass's tile (0.5.23) or where the pass's list started (0.5.17),
-    # and rounds differently.
+    # not on the pass's tile, and rounds differently.
     long_ones = [i for i, (p, e) in enumerate(SEQ) if p + e - 1 > WINDOW]
     assert not all(out["stock_window"][i] for i in long_ones)
 
