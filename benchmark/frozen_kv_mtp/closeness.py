@@ -46,7 +46,7 @@ position}]), "first_token_logprob_diff_max", "first_token_top5_diff_max",
 "logprob_diff_max_before_divergence", ...}]}. One RESULT line per comparison: each MTP
 mode against nospec, and mtp-splitkv against mtp.
 
---tiny: the CPU smoke run: the test suite's tiny Gemma-4 (test/srt/tiny_gemma4.py, fp32)
+--tiny: the CPU smoke run: the test suite's tiny Gemma-4 (test/srt/tiny_gemma.py, fp32)
 and a tiny assistant drafter, the triton backend run by Triton's interpreter and the test
 suite's CPU shim (test/srt/mtp_cpu_shim), as test/srt/test_frozen_kv_mtp_engine.py runs
 them; defaults 3 prompts of 10-40 tokens, 8 new tokens. On 2 CPU cores each engine takes
@@ -96,7 +96,7 @@ def tiny_setup(root):
     environment its FROZEN_KV_MTP engine tests use."""
     sys.path.insert(0, SRT_TESTS)
     from cpu_engine import TRITON_ENGINE
-    from tiny_gemma4 import TINY_TEXT_CONFIG, make_tiny_gemma4
+    from tiny_gemma import GEMMA4_TEXT_CONFIG as TINY_TEXT_CONFIG, make_tiny_gemma4
 
     os.environ.update({
         "CUDA_VISIBLE_DEVICES": "",

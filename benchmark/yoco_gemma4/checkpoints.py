@@ -31,9 +31,9 @@ def text_config(variant: str) -> dict:
 
         sys.path.insert(0, os.path.join(HERE, "..", "..", "test", "srt"))
         if variant == "tiny-3n":
-            from tiny_gemma3n import TINY_TEXT_CONFIG
+            from tiny_gemma import GEMMA3N_TEXT_CONFIG as TINY_TEXT_CONFIG
         else:
-            from tiny_gemma4 import TINY_TEXT_CONFIG
+            from tiny_gemma import GEMMA4_TEXT_CONFIG as TINY_TEXT_CONFIG
 
         return copy.deepcopy(TINY_TEXT_CONFIG)
     model = variant.split("-front")[0]

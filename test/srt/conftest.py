@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-# Tests import helpers (tiny_gemma4) that live next to them.
+# Tests import helpers (tiny_gemma) that live next to them.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # CPU reference path: never pick a GPU, keep CPU threads predictable.
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -20,8 +20,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    """The seeded tiny Gemma-4 (tiny_gemma4.py), written once for every test file."""
-    from tiny_gemma4 import make_tiny_gemma4
+    """The seeded tiny Gemma-4 (tiny_gemma.py), written once for every test file."""
+    from tiny_gemma import make_tiny_gemma4
 
     return make_tiny_gemma4(str(tmp_path_factory.mktemp("tiny_gemma4")), seed=0)
 

@@ -454,8 +454,7 @@ def test_back_half_batch_reads_through_a_plan_of_its_own_rows():
 
 
 def _tiny_config(name):
-    from tiny_gemma3n import TINY_TEXT_CONFIG as G3N
-    from tiny_gemma4 import TINY_TEXT_CONFIG as G4
+    from tiny_gemma import GEMMA3N_TEXT_CONFIG as G3N, GEMMA4_TEXT_CONFIG as G4
 
     return types.SimpleNamespace(**{"gemma4": G4, "gemma3n": G3N}[name])
 
@@ -487,7 +486,7 @@ def _gemma3n_args(tmp_path, **text_overrides):
 
     from cpu_engine import YOCO
     from resolved_server_args import build
-    from tiny_gemma3n import TINY_TEXT_CONFIG
+    from tiny_gemma import GEMMA3N_TEXT_CONFIG as TINY_TEXT_CONFIG
 
     path = tmp_path / "gemma3n"
     path.mkdir()
@@ -599,10 +598,9 @@ class Served:
 
 @pytest.fixture(scope="module", params=["gemma4", "gemma3n"])
 def served(request, tmp_path_factory):
-    if request.param == "gemma4":
-        from tiny_gemma4 import make_tiny_gemma4 as make
-    else:
-        from tiny_gemma3n import make_tiny_gemma3n as make
+    import tiny_gemma
+
+    make = getattr(tiny_gemma, f"make_tiny_{request.param}")
     model_dir = make(str(tmp_path_factory.mktemp(f"tiny_{request.param}_yoco")), seed=0)
     s = Served(request.param, model_dir, tmp_path_factory)
     yield s

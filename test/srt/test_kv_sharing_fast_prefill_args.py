@@ -21,6 +21,7 @@ import logging
 import pytest
 
 from resolved_server_args import (
+    DECLARES,
     attention_backends,
     build,
     from_cli,
@@ -148,11 +149,23 @@ def reject(fn, *args, **kwargs) -> str:
     return str(info.value)
 
 
+def handle(args):
+    """The hook on a resolved copy, taking its decisions as during resolution
+    (0.5.17 seals the record after it; 0.5.23 declares them)."""
+    if DECLARES:
+        hook.handle_kv_sharing_fast_prefill(args)
+        return args
+    object.__setattr__(args, "_in_override", True)
+    try:
+        hook.handle_kv_sharing_fast_prefill(args)
+    finally:
+        object.__setattr__(args, "_in_override", False)
+    return args
+
+
 def run_hook(args, **fields):
     """Run the hook on with_fields(args, **fields)."""
-    args = with_fields(args, **fields)
-    hook.handle_kv_sharing_fast_prefill(args)
-    return args
+    return handle(with_fields(args, **fields))
 
 
 def logged(caplog, fn, *args, **kwargs):
@@ -305,10 +318,10 @@ def test_gemma4_with_kv_shared_layers_accepted(model, caplog, variant):
         f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
         f"of {num_layers}; prefill passes of >= 4096 new tokens (unset: "
     )
-    assert line.endswith(
+    assert (
         f") run layers {first_shared}-{num_layers - 1} for the last token of each "
         "request only"
-    )
+    ) in line
     _, (line,), _ = logged(caplog, server_args, model(variant),
                            kv_sharing_fast_prefill_min_tokens=64)
     assert "passes of >= 64 new tokens (--kv-sharing-fast-prefill-min-tokens)" in line
@@ -324,10 +337,15 @@ def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(
     args, (line,), _ = logged(caplog, server_args, model("E4B"))
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
     assert "(unset: the back half runs eager (device cpu), and smaller" in line
+    # the decision is recorded once, for the model runner (which never asks the hook)
+    assert resolved(args, "kv_sharing_fast_prefill_back_half_graphs") is False
+    assert line.endswith("request only, eager (device cpu)")
     # where start-up captures the back half (and no prefill graph runs): 0
     monkeypatch.setattr(hook, "back_half_graph_skip_reason", lambda server_args: None)
     args, (line,), _ = logged(caplog, server_args, model("E4B"))
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 0
+    assert resolved(args, "kv_sharing_fast_prefill_back_half_graphs") is True
+    assert line.endswith("request only, in CUDA graphs")
     assert "passes of >= 0 new tokens (unset: the back half replays CUDA graphs)" in line
     with published(args):  # what the model reads
         assert get_exec().features.kv_sharing_fast_prefill_min_tokens == 0
@@ -580,7 +598,7 @@ def test_defaulted_breakable_prefill_graph_capped_quietly(e4b_resolved, caplog):
 
     on_gpu, _ = _with_prefill_graph(e4b_resolved, backend=Backend.BREAKABLE,
                                     bs=[256, 2048, 3840, 4096, 8192], max_bs=8192)
-    _, _, warnings = logged(caplog, hook.handle_kv_sharing_fast_prefill, on_gpu)
+    _, _, warnings = logged(caplog, handle, on_gpu)
     graph = prefill_graph(on_gpu)
     assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048, 3840], 3840)
     assert not warnings
@@ -603,7 +621,7 @@ def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(e4b_resolved, 
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     args, config = _with_prefill_graph(e4b_resolved, backend=Backend.FULL)
-    _, _, (warning,) = logged(caplog, hook.handle_kv_sharing_fast_prefill, args)
+    _, _, (warning,) = logged(caplog, handle, args)
     assert prefill_graph(args).backend == Backend.DISABLED
     assert resolved(args, "cuda_graph_config").decode == config.decode
     assert "Disabling prefill CUDA graph" in warning and FLAG in warning
