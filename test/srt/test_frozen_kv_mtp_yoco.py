@@ -65,36 +65,19 @@ def test_capture_mode_plain_batch_is_last():
 
 
 @pytest.mark.parametrize(
-    "mode, want", [(NULL, LAST), (LAST, LAST), (FULL, FULL)], ids=["NULL", "LAST", "FULL"]
+    "req_mode, server_mode, spec_mode, want",
+    [(LAST, NULL, None, LAST), (FULL, NULL, None, FULL),  # a request with return_hidden_states: FULL
+     (NULL, LAST, None, LAST), (NULL, FULL, None, FULL), (FULL, LAST, None, FULL),  # the larger of the two
+     (NULL, NULL, NULL, LAST), (NULL, NULL, LAST, LAST), (NULL, NULL, FULL, FULL)],
 )
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_capture_mode_follows_the_requests(mode, want):
-    """A request with return_hidden_states (batch mode FULL) still gets FULL."""
-    assert target_prefill_capture_mode(ns_batch(mode), NULL) == want
-    sched = ScheduleBatch(reqs=[])
-    sched.return_hidden_states_mode = mode
-    assert target_prefill_capture_mode(sched, NULL) == want
-
-
-@pytest.mark.parametrize(
-    "server_mode, want", [(NULL, LAST), (LAST, LAST), (FULL, FULL)], ids=["NULL", "LAST", "FULL"]
-)
-@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_capture_mode_follows_the_server(server_mode, want):
-    assert target_prefill_capture_mode(ns_batch(), server_mode) == want
-    # the larger of the request's and the server's
-    assert target_prefill_capture_mode(ns_batch(FULL), server_mode) == FULL
-
-
-@pytest.mark.parametrize(
-    "spec_mode, want",
-    [(None, LAST), (NULL, LAST), (LAST, LAST), (FULL, FULL)],
-    ids=["None", "NULL", "LAST", "FULL"],
-)
-@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_capture_mode_follows_the_spec_info(spec_mode, want):
-    spec = types.SimpleNamespace(capture_hidden_mode=spec_mode)
-    assert target_prefill_capture_mode(ns_batch(spec_info=spec), NULL) == want
+def test_capture_mode_follows_requests_server_and_spec_info(req_mode, server_mode, spec_mode, want):
+    spec = None if spec_mode is None else types.SimpleNamespace(capture_hidden_mode=spec_mode)
+    assert target_prefill_capture_mode(ns_batch(req_mode, spec), server_mode) == want
+    if spec is None and server_mode == NULL:
+        sched = ScheduleBatch(reqs=[])
+        sched.return_hidden_states_mode = req_mode
+        assert target_prefill_capture_mode(sched, NULL) == want
 
 
 # ------------------------------------------------ the worker uses it
@@ -234,14 +217,6 @@ def test_worker_target_prefill_asks_for_last():
     assert draft.tp_contexts == ["draft-tp-group"]
 
 
-@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_worker_target_prefill_full_when_a_request_returns_hidden_states():
-    mode, _, _ = run_prefill([5, 9], return_hidden_states_mode=FULL)
-    assert mode == FULL
-    mode, _, _ = run_prefill([5, 9], return_hidden_states_mode=LAST)
-    assert mode == LAST
-
-
 @pytest.mark.parametrize(
     "server, want",
     [
@@ -261,7 +236,7 @@ def test_worker_target_prefill_follows_the_server(server, want):
 
 
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-@pytest.mark.parametrize("rhs_mode", [NULL, FULL], ids=["NULL", "FULL"])
+@pytest.mark.parametrize("rhs_mode", [NULL, LAST, FULL], ids=["NULL", "LAST", "FULL"])
 def test_real_seed_reads_each_requests_last_hidden_row(rhs_mode):
     """With the real draft worker, the seed is each request's last prompt token's
     hidden state whether the target captured LAST (one row per request) or FULL."""
@@ -285,16 +260,10 @@ def test_phase_target_prefill_fires():
     fb = make_batch([5, 9, 1])
     fb.capture_hidden_mode = mode
     assert reason(fb) is None
-    # a request that returns hidden states still takes the full computation
+    # a request that returns hidden states still takes the full computation (as did
+    # every target prefill of stock, which asked for FULL)
     mode, _, _ = run_prefill([5, 9, 1], return_hidden_states_mode=FULL)
     fb.capture_hidden_mode = mode
-    assert reason(fb) == "full_hidden_capture"
-
-
-def test_phase_stock_full_capture_never_fires():
-    """Stock SGLang asked the target prefill for FULL: YOCO could never fire."""
-    fb = make_batch([5, 9, 1])
-    fb.capture_hidden_mode = FULL
     assert reason(fb) == "full_hidden_capture"
 
 
