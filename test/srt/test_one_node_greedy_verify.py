@@ -1,21 +1,13 @@
-"""Step one-node-greedy-verify-tail (speculative/one_node_greedy_verify.py): FROZEN_KV_MTP's 0-step
-round (one verify node per request) on an all-greedy batch skips the stock tree
+"""Step one-node-greedy-verify-tail (speculative/one_node_greedy_verify.py): FROZEN_KV_MTP's
+0-step round (one verify node per request) on an all-greedy batch skips the stock tree
 sampling and takes the target's argmax.
 
-- ``run_eagle_verify`` with the tail must return what it returns without it
-  (tokens, dtypes, accept lengths, new lengths, bonus tokens), with and
-  without the bench's simulated acceptance. The stock side runs for real: its
-  Triton kernels (``verify_tree_greedy``, ``fill_bonus_tokens``) under Triton's
-  interpreter on CPU, as the engine tests run them; only the target forward and
-  the verify's slot planning are stand-ins.
-- Every batch the stock sampling must see falls through (the tail returns
-  None): grammar, logprobs, sampling, penalties, logit bias, idle, more than
-  one node.
-- The worker gets the tail only where its verify needs nothing per step.
-
-Works on both bases; 0.5.23's verify has more per-step work (a watermark,
-HiSparse, mamba tracking: ``one_node_greedy_verify_release``), tested for 0.5.23
-only, and another run_eagle_verify signature (decided once below).
+``run_eagle_verify`` with the tail returns what it returns without it, with and without
+the bench's simulated acceptance; the stock side runs its Triton kernels under Triton's
+interpreter (only the target forward and the slot planning are stand-ins). Every batch
+the stock sampling must see falls through (the tail returns None), and the worker gets
+the tail only where its verify needs nothing per step. Both bases; 0.5.23's verify has
+more per-step work (watermark, HiSparse, mamba tracking), tested there only.
 """
 
 import inspect
