@@ -1,15 +1,10 @@
-"""YOCO fast prefill (--kv-sharing-fast-prefill) under FROZEN_KV_MTP speculative
-decoding (Gemma-4 assistant drafter), on CPU, no engine.
+"""YOCO fast prefill under FROZEN_KV_MTP (Gemma-4 assistant drafter), on CPU, no engine.
 
-Step mtp-target-prefill-captures-last: the frozen-KV worker's target prefill asks for LAST hidden states
-(``target_prefill_capture_mode``), raised to FULL only when a request, the server
-or the batch's spec_info needs every token's hidden state. Stock SGLang (0.5.17 and
-0.5.23) asked for FULL, which made every prefill under MTP fall back to the full
-computation.
-
-Per MTP phase, whether YOCO fires is checked with the real predicate
-(``fast_prefill_skip_reason``) on real ForwardBatch objects, using the forward
-mode and capture mode that phase really runs with.
+Step mtp-target-prefill-captures-last: the frozen-KV worker's target prefill asks for
+LAST hidden states, FULL only when a request, the server or the batch's spec_info needs
+every token's. Stock asked for FULL, so every prefill under MTP ran in full. Per MTP
+phase, whether YOCO fires is checked with the real predicate on real ForwardBatch
+objects, in the forward and capture modes that phase runs with.
 """
 
 import types
@@ -84,9 +79,8 @@ def test_capture_mode_follows_requests_server_and_spec_info(req_mode, server_mod
 
 
 class FakeTarget:
-    """Target worker: records the capture mode it was asked for and returns
-    hidden states shaped like that capture (FULL: every new token, LAST: the
-    last new token of each request). Row r of FULL is token r's hidden state."""
+    """Records the capture mode asked for; returns hidden states of that shape (FULL:
+    row r is new token r's, LAST: each request's last new token's)."""
 
     def __init__(self):
         self.calls = []
@@ -106,10 +100,9 @@ class FakeTarget:
         )
 
 
-# The one difference between the releases in the prefill branch these tests run: how
-# it enters the draft's tensor-parallel group. 0.5.17 calls the draft worker's own
-# draft_tp_context(draft_runner.tp_group); 0.5.23 calls spec_utils' draft_tp_context
-# with the DraftParallelLayout the draft worker resolved (its parallel_layout).
+# How the prefill branch enters the draft's TP group: 0.5.17 through the draft worker's
+# own draft_tp_context(draft_runner.tp_group); 0.5.23 through spec_utils' draft_tp_context
+# with the draft worker's parallel_layout.
 DRAFT_LAYOUT = hasattr(fkv, "resolve_draft_parallel_layout")
 
 
@@ -146,9 +139,7 @@ def real_draft_worker(topk=1):
 
 
 def draft_context(draft):
-    """DRAFT_LAYOUT: a FakeDraft records the layout the prefill branch enters through
-    spec_utils' draft_tp_context, as it records the group 0.5.17 enters through the
-    draft worker's own."""
+    """DRAFT_LAYOUT: a FakeDraft records the layout entered through spec_utils' context."""
     if DRAFT_LAYOUT and isinstance(draft, FakeDraft):
         return mock.patch.object(fkv, "draft_tp_context", draft.draft_tp_context)
     return nullcontext()
@@ -157,9 +148,7 @@ def draft_context(draft):
 @contextmanager
 def published_server(**fields):
     """A dummy-model ServerArgs with ``fields``, published as the process's settings
-    (what get_server_return_hidden_states_mode() reads on 0.5.23); the worker also
-    gets it as its server_args (what it passes to that function on 0.5.17). The
-    previous settings come back afterwards."""
+    (read on 0.5.23; 0.5.17's worker gets it as its server_args), restored after."""
     override = get_context().override_server_args(**fields)
     server = override.install()
     try:
@@ -169,9 +158,7 @@ def published_server(**fields):
 
 
 def make_worker(draft, server_args):
-    """FrozenKVMTPWorkerV2 without __init__ (which builds model runners).
-    target_worker / draft_worker are read-only properties of BaseSpecWorker
-    over _target_worker / _draft_worker."""
+    """FrozenKVMTPWorkerV2 without __init__ (which builds model runners)."""
     worker = object.__new__(fkv.FrozenKVMTPWorkerV2)
     worker._target_worker = FakeTarget()
     worker._draft_worker = draft
@@ -190,9 +177,8 @@ def extend_batch(extend_lens, return_hidden_states_mode=NULL):
 
 
 def run_prefill(extend_lens, return_hidden_states_mode=NULL, server=None, draft=None):
-    """One target-prefill step through FrozenKVMTPWorkerV2.forward_batch_generation,
-    with the server settings ``server`` (ServerArgs fields) published.
-    Returns (the capture mode the target was asked for, the step's output, the worker)."""
+    """One target-prefill step through forward_batch_generation, with ServerArgs fields
+    ``server`` published: (the capture mode the target was asked for, output, worker)."""
     draft = draft or FakeDraft()
     with published_server(**(server or {})) as server_args, draft_context(draft):
         worker = make_worker(draft, server_args)
