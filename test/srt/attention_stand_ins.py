@@ -277,31 +277,15 @@ def deterministic_triton_backend(g, lens, window, k_buf, v_buf, pool_size):
 
 
 def extend_batch_of(be, reqs, chunk, orig_lens):
-    """A real ForwardBatch of requests ``reqs`` (rows of ``be.req_to_token`` less one),
-    each with ``chunk[i] = (prefix, new tokens)`` of a prompt of ``orig_lens[i]``, its new
-    tokens at their req_to_token slots; bound to ``be``."""
-    pre = [p for p, _ in chunk]
-    ext = [e for _, e in chunk]
-    seq = [p + e for p, e in chunk]
-    n = sum(ext)
-    fb = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND,
-        batch_size=len(reqs),
-        input_ids=torch.zeros(n, dtype=torch.int64),
-        req_pool_indices=torch.tensor(reqs) + 1,
-        seq_lens=torch.tensor(seq),
-        out_cache_loc=torch.cat([be.req_to_token[r + 1, p:s].long() for r, p, s in zip(reqs, pre, seq)]),
-        seq_lens_sum=sum(seq),
-    )
-    fb.seq_lens_cpu = torch.tensor(seq)
-    fb.orig_seq_lens = torch.tensor(orig_lens)
-    fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu = ext, pre
-    fb.extend_seq_lens = torch.tensor(ext, dtype=torch.int32)
-    fb.extend_prefix_lens = torch.tensor(pre, dtype=torch.int32)
-    fb.extend_start_loc = torch.cumsum(torch.tensor([0] + ext[:-1]), 0).to(torch.int32)
-    fb.extend_num_tokens = n
-    fb.positions = torch.cat([torch.arange(p, s) for p, s in zip(pre, seq)])
-    fb.capture_hidden_mode = CaptureHiddenMode.NULL
+    """make_batch for requests ``reqs`` (rows of ``be.req_to_token`` less one), each with
+    ``chunk[i] = (prefix, new tokens)`` of a prompt of ``orig_lens[i]``: its new tokens
+    at their req_to_token slots, int32 lengths as the unified extend kernel takes them."""
+    pre, ext = [p for p, _ in chunk], [e for _, e in chunk]
+    fb = make_batch(ext, pre, [o - p - e for o, (p, e) in zip(orig_lens, chunk)])
+    fb.req_pool_indices = torch.tensor(reqs) + 1
+    fb.out_cache_loc = torch.cat([be.req_to_token[r + 1, p : p + e].long() for r, (p, e) in zip(reqs, chunk)])
+    for name in ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc"):
+        setattr(fb, name, getattr(fb, name).to(torch.int32))
     return bind_plan(be, fb)
 
 
