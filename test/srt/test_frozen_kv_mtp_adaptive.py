@@ -63,13 +63,10 @@ DEFAULT_CANDIDATES = sorted(
 
 def frozen_args(**kw):
     args = ServerArgs(model_path="dummy", device="cpu", disable_cuda_graph=True)
-    args.speculative_algorithm = "FROZEN_KV_MTP"
-    args.speculative_eagle_topk = 1
-    args.speculative_num_steps = 3
-    args.speculative_num_draft_tokens = 4
-    args.speculative_adaptive = True
-    args.max_running_requests = 80
-    for k, v in kw.items():
+    defaults = dict(speculative_algorithm="FROZEN_KV_MTP", speculative_eagle_topk=1,
+                    speculative_num_steps=3, speculative_num_draft_tokens=4,
+                    speculative_adaptive=True, max_running_requests=80)
+    for k, v in {**defaults, **kw}.items():
         setattr(args, k, v)
     return args
 
