@@ -3,22 +3,17 @@ prefill, triton / trtllm_mha / torch_native backends with just the state their
 init_forward_metadata reads (their Triton index kernels replaced by torch), and
 a deep snapshot of a backend to assert that nothing it holds was written.
 
-Works on both upstream bases. What differs between them is decided once, below
-(HAS_KV_LOC_PLAN), never by version strings in the tests:
-- 0.5.17: the backends build index lists from req_to_token themselves, with
-  create_flashinfer_kv_indices_triton imported into triton_backend; trtllm's
-  page-table kernel lives in sglang.kernels.ops.kvcache.
-- 0.5.23: every read goes through the runner's KVIndexTranslator
-  (pack_read_stream / read_table) and the batch's own KVLocPlan
-  (forward_batch.kv_loc_plan), and writes (swa_out_cache_loc) come from that
-  plan. The stand-in backends carry a real, non-translating translator over
-  their req_to_token and fake SWA pool, and stand-in batches get a plan bound
-  from it (bind_plan), as ForwardBatch.init_new and the graph runners bind one.
+Works on both bases, decided once by HAS_KV_LOC_PLAN: 0.5.17's backends build index
+lists from req_to_token themselves; 0.5.23's read through the runner's KVIndexTranslator
+and the batch's own KVLocPlan. There the stand-ins carry a real, non-translating
+translator, and stand-in batches get a plan bound from it (bind_plan), as
+ForwardBatch.init_new and the graph runners bind one.
 """
 
 import copy
 import dataclasses
 import importlib.util
+import types
 
 import pytest
 import torch
@@ -31,10 +26,8 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 
-# The one capability switch: whether this release reads KV ids through a
-# KVIndexTranslator and a per-batch KVLocPlan (0.5.23) or straight from
-# req_to_token (0.5.17). Only the module's presence is probed: where it is, a
-# failing import below is an error, not a sign of the other release.
+# Only the module's presence is probed: where it is, a failing import below is an
+# error, not a sign of the other release.
 HAS_KV_LOC_PLAN = importlib.util.find_spec("sglang.srt.mem_cache.kv_index_translator") is not None
 
 if HAS_KV_LOC_PLAN:
@@ -47,11 +40,9 @@ else:
 
 
 def bind_plan(be, fb, runner_slots=False):
-    """Give ``fb`` a KVLocPlan of its own, from ``be``'s translator, where the
-    release has plans (a no-op on 0.5.17): as ForwardBatch.init_new binds a
-    pass (``own_plan``), or, with ``runner_slots``, as a runner binds a batch it
-    builds itself, such as the fast prefill's back half (its write ids are its
-    out_cache_loc as they are). Returns ``fb``."""
+    """Give ``fb`` a KVLocPlan of its own from ``be``'s translator (0.5.23; a no-op on
+    0.5.17): as ForwardBatch.init_new binds a pass, or (``runner_slots``) as a runner
+    binds a batch it builds itself, such as the back half. Returns ``fb``."""
     if HAS_KV_LOC_PLAN and be is not None:
         translator = be.kv_index_translator
         if runner_slots:
@@ -63,10 +54,8 @@ def bind_plan(be, fb, runner_slots=False):
 
 def make_batch(extend_lens, prefix_lens=None, orig_extra=None, mode=ForwardMode.EXTEND,
                backend=None):
-    """A real ForwardBatch for a prefill of `extend_lens` new tokens per request.
-    orig_extra[i] > 0 marks request i as an unfinished chunk (more prompt left).
-    With ``backend``, bound to a plan of its own from that backend's translator
-    (bind_plan), as the model runner would hand it over."""
+    """A real ForwardBatch for a prefill of `extend_lens` new tokens per request
+    (orig_extra[i] > 0: request i is an unfinished chunk), bound to ``backend``."""
     bs = len(extend_lens)
     prefix_lens = prefix_lens or [0] * bs
     orig_extra = orig_extra or [0] * bs
@@ -107,17 +96,13 @@ class FakeSWAPool:
 
 
 if HAS_KV_LOC_PLAN:
-    # A virtual subclass: the translator gives a pool a sliding-window id space
-    # (its write ids, the window reads' full->swa translation) when it is a
-    # BaseSWAKVPool, the abstract type whose one method used here is the above.
+    # A virtual subclass: the translator gives a BaseSWAKVPool a sliding-window id space.
     BaseSWAKVPool.register(FakeSWAPool)
 
 
 def attach_translator(be, page_size=1):
-    """Give stand-in backend ``be`` what a ModelRunner hands a real one on
-    0.5.23: a real KVIndexTranslator over its req_to_token and pool, here a
-    non-translating one (a static pool: reads pass req_to_token through, the
-    SWA ids come from the pool's full->swa mapping)."""
+    """0.5.23: what a ModelRunner hands a real backend, a KVIndexTranslator over its
+    req_to_token and pool (non-translating: a static pool)."""
     if HAS_KV_LOC_PLAN:
         be.kv_index_translator = KVIndexTranslator(
             req_to_token=be.req_to_token,
@@ -131,10 +116,9 @@ def attach_translator(be, page_size=1):
 
 
 class _TorchKernel:
-    """create_flashinfer_kv_indices_triton, in torch, for CPU tests: request i's
-    ids ``ids[row_ids[i], start : start + lens[i]]`` at ``indptr[i]``. 0.5.23's
-    takes the entries' page size (1: token ids, as the passthrough reads hand
-    it) and an optional id mapping (full->swa) applied on the way."""
+    """create_flashinfer_kv_indices_triton in torch: request i's ids
+    ``ids[row_ids[i], start : start + lens[i]]`` at ``indptr[i]`` (0.5.23: through
+    an optional full->swa mapping)."""
 
     def __getitem__(self, grid):
         def run(ids, row_ids, lens, indptr, kv_start, out, stride,
@@ -153,8 +137,8 @@ class _TorchKernel:
 
 
 class _TorchAlignKernel:
-    """0.5.23's _align_window_kv_kernel, in torch: request i's window list at
-    its aligned offset, led by ``pad[i]`` copies of its first key."""
+    """0.5.23's _align_window_kv_kernel in torch: request i's window list at its
+    aligned offset, led by ``pad[i]`` copies of its first key."""
 
     def __getitem__(self, grid):
         def run(window_kv_indptr, window_kv_indices, aligned_kv_indptr, pad,
@@ -171,8 +155,8 @@ class _TorchAlignKernel:
 
 
 class _TorchPageTableKernel:
-    """create_trtllm_mha_kv_indices_triton, in torch, for CPU tests: block ids
-    of each request's pages (and their SWA-pool ids), the rest left unset."""
+    """create_trtllm_mha_kv_indices_triton in torch: block ids of each request's
+    pages (and their SWA-pool ids), the rest left unset."""
 
     def __getitem__(self, grid):
         def run(req_to_token, req_pool_indices, seq_lens, full_to_swa, page_table,
@@ -189,8 +173,7 @@ class _TorchPageTableKernel:
         return run
 
 
-# (module, name, torch stand-in) of every Triton kernel the stand-in backends'
-# metadata reaches, where this release looks it up.
+# (module, name, torch stand-in) of every Triton kernel the stand-ins' metadata reaches.
 if HAS_KV_LOC_PLAN:
     _KERNELS = (
         (kv_index_translator, "create_flashinfer_kv_indices_triton", _TorchKernel),
@@ -205,8 +188,7 @@ else:
 
 
 def use_torch_kernels():
-    """Replace those Triton kernels by their torch stand-ins (the autouse
-    fixture _restore_kernels puts Triton's back after each test)."""
+    """Install the torch stand-ins (the autouse fixture _restore_kernels undoes it)."""
     for module, name, torch_kernel in _KERNELS:
         setattr(module, name, torch_kernel())
 
@@ -220,8 +202,8 @@ def _restore_kernels():
 
 
 def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
-    """What TritonAttnBackend.init_forward_metadata reads, as __init__ sets it.
-    Installs the torch index kernels (the autouse fixture restores Triton's)."""
+    """What TritonAttnBackend.init_forward_metadata reads, as __init__ sets it
+    (with the torch index kernels)."""
     use_torch_kernels()
     be = object.__new__(triton_backend.TritonAttnBackend)
     g = torch.Generator().manual_seed(1)
@@ -244,25 +226,78 @@ def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
         be.max_context_len = ctx
         be.num_kv_head = 1
         be._dense_one_shot_kv_indptr = None  # as __init__ leaves it
-        # decode metadata allocates the Lean decode buffers
-        be.lean_total_programs, be.lean_block_m = 2, 16
-        # the split-KV tile: none (static split count, above); under
-        # deterministic inference __init__ fixes one, as set_deterministic does
-        be.split_tile_size = None
+        be.lean_total_programs, be.lean_block_m = 2, 16  # decode: Lean decode buffers
+        be.split_tile_size = None  # static split count (set_deterministic: a tile)
         be.align_window_kv_to_tiles = extend_attention.align_window_kv_to_tiles
         attach_translator(be)
     return be
 
 
 def set_deterministic(be):
-    """Turn a stand-in triton backend deterministic, as __init__ does under
-    --enable-deterministic-inference (0.5.23 also fixes the split tile)."""
+    """As __init__ under --enable-deterministic-inference (0.5.23: a split tile too)."""
     be.enable_deterministic = True
     if HAS_KV_LOC_PLAN:
         be.static_kv_splits = False
         be.split_tile_size = 256
         be.max_kv_splits = -(-be.max_context_len // be.split_tile_size)
     return be
+
+
+def deterministic_triton_backend(g, lens, window, k_buf, v_buf, pool_size):
+    """A deterministic triton backend for the real unified extend kernel: requests of
+    ``lens`` tokens at random slots of a pool of K/V buffers ``k_buf``, ``v_buf``."""
+    from sglang.kernels.ops.attention.extend_attention import (
+        build_unified_kv_indices,
+        extend_attention_fwd_unified,
+    )
+
+    pool = types.SimpleNamespace(get_key_buffer=lambda i: k_buf, get_value_buffer=lambda i: v_buf)
+    bs = len(lens)
+    be = object.__new__(triton_backend.TritonAttnBackend)
+    be.sliding_window_size = window
+    be.req_to_token = torch.zeros(bs + 1, max(lens), dtype=torch.int32)
+    slots = torch.randperm(pool_size, generator=g)[: sum(lens)].to(torch.int32)
+    for i, s in enumerate(lens):
+        be.req_to_token[i + 1, :s] = slots[sum(lens[:i]) : sum(lens[: i + 1])]
+    be.token_to_kv_pool = pool
+    be.use_sliding_window_kv_pool = False
+    be.dcp_size, be.page_size, be.device = 1, 1, "cpu"
+    be.chain_verify = None  # __init__ sets it (split-KV verify off)
+    be._translate_kv_loc = None
+    be.enable_deterministic = True
+    be.extend_attention_fwd_unified = extend_attention_fwd_unified
+    be.build_unified_kv_indices = build_unified_kv_indices
+    for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
+        setattr(be, name, torch.zeros(bs + 1, dtype=torch.int32))
+    if HAS_KV_LOC_PLAN:  # what 0.5.23's __init__ adds for the extend path
+        be.max_context_len, be._dense_one_shot_kv_indptr = max(lens), None
+        be.align_window_kv_to_tiles = extend_attention.align_window_kv_to_tiles
+        attach_translator(be)
+    return be
+
+
+def extend_batch_of(be, reqs, chunk, orig_lens):
+    """make_batch for requests ``reqs`` (rows of ``be.req_to_token`` less one), each with
+    ``chunk[i] = (prefix, new tokens)`` of a prompt of ``orig_lens[i]``: its new tokens
+    at their req_to_token slots, int32 lengths as the unified extend kernel takes them."""
+    pre, ext = [p for p, _ in chunk], [e for _, e in chunk]
+    fb = make_batch(ext, pre, [o - p - e for o, (p, e) in zip(orig_lens, chunk)])
+    fb.req_pool_indices = torch.tensor(reqs) + 1
+    fb.out_cache_loc = torch.cat([be.req_to_token[r + 1, p : p + e].long() for r, (p, e) in zip(reqs, chunk)])
+    for name in ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc"):
+        setattr(fb, name, getattr(fb, name).to(torch.int32))
+    return bind_plan(be, fb)
+
+
+def decoder_layer(window, heads, head_dim):
+    """What the unified extend path reads of a RadixAttention decoder layer (layer 0)."""
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    return types.SimpleNamespace(
+        sliding_window_size=window, layer_id=0, tp_q_head_num=heads, qk_head_dim=head_dim,
+        v_head_dim=head_dim, k_scale=None, v_scale=None, scaling=head_dim**-0.5,
+        xai_temperature_len=-1, attn_type=AttentionType.DECODER, logit_cap=0.0,
+    )
 
 
 def make_torch_native_backend(pool=4096):
@@ -272,16 +307,14 @@ def make_torch_native_backend(pool=4096):
     be.forward_metadata = None
     be.swa_out_cache_loc = None
     if HAS_KV_LOC_PLAN:
-        # Not read by its metadata; a translator for bind_plan to plan with,
-        # as every runner has one.
+        # a translator for bind_plan, as every runner has one
         be.req_to_token = torch.zeros(17, 256, dtype=torch.int32)
         attach_translator(be)
     return be
 
 
 def _snapshot(v):
-    """(v, what it holds): tensors cloned, lists/dicts/dataclasses (a pass's
-    metadata, CUDA-graph buffer tables) snapshotted item by item."""
+    """(v, what it holds): tensors cloned, lists/dicts/dataclasses item by item."""
     if isinstance(v, torch.Tensor):
         return v, v.clone()
     if isinstance(v, (list, tuple)):
@@ -317,10 +350,8 @@ def assert_same_state(be, before):
 
 
 def back_half_backend_of(be):
-    """What ``be.make_back_half_backend(model_runner)`` builds, for a stand-in:
-    a backend of the same kind over the same pools and caches (shared, as a
-    real second instance shares the runner's), with the per-forward state its
-    __init__ allocates of its own: index buffers and metadata."""
+    """What ``be.make_back_half_backend(model_runner)`` builds, for a stand-in: the
+    same pools and caches, its own index buffers and metadata."""
     back = copy.copy(be)
     for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
         buf = vars(be).get(name)
@@ -347,11 +378,9 @@ def assert_same_batch(fb, before):
 
 
 def back_half_batch(fb, extend=False, backend=None):
-    """The back half of pass ``fb`` for every request, as the fast prefill shapes
-    it: a decode step of each request's last token over its whole sequence, or
-    (``extend``) an extend of that token over a cached prefix of seq_len - 1.
-    With ``backend``, bound to a plan of its own as the fast prefill binds it
-    (bind_plan with runner_slots: the pass's plan writes every new token)."""
+    """The back half of pass ``fb`` for every request: a decode step of each last
+    token over its whole sequence, or (``extend``) an extend of it over a cached
+    prefix of seq_len - 1; bound to ``backend`` as the fast prefill binds it."""
     n, seq = fb.batch_size, fb.seq_lens
     last = torch.cumsum(fb.extend_seq_lens, 0) - 1
     b = ForwardBatch(
@@ -376,10 +405,9 @@ def back_half_batch(fb, extend=False, backend=None):
 
 
 def make_trtllm_backend(page_size, max_bs=16, ctx=256, pool=8192):
-    """What TRTLLMHAAttnBackend.init_forward_metadata reads, plus the state a
-    real one keeps between passes (FlashInfer index buffers it inherits, its
-    decode CUDA-graph buffers, here filled with -1), which must stay unwritten.
-    Installs the torch index kernels (the autouse fixture restores Triton's)."""
+    """What TRTLLMHAAttnBackend.init_forward_metadata reads, plus the state a real
+    one keeps between passes (index buffers, decode CUDA-graph buffers filled with
+    -1), which must stay unwritten; with the torch index kernels."""
     use_torch_kernels()
     be = object.__new__(trtllm_mha_backend.TRTLLMHAAttnBackend)
     g = torch.Generator().manual_seed(2)
@@ -413,8 +441,7 @@ def make_trtllm_backend(page_size, max_bs=16, ctx=256, pool=8192):
 
 
 def make_decode_batch(req_pool_indices, seq_lens, out_cache_loc, backend=None):
-    """A genuine decode step: one new token per request, already in seq_lens
-    (with ``backend``, bound to a plan of its own, as init_new binds one)."""
+    """A genuine decode step (one new token per request, in seq_lens), bound to ``backend``."""
     fb = ForwardBatch(
         forward_mode=ForwardMode.DECODE,
         batch_size=len(seq_lens),

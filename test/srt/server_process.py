@@ -105,6 +105,14 @@ class ServerProcess:
     def post(self, path: str, body, timeout: float = 300.0):
         return requests.post(self.url + path, json=body, timeout=timeout)
 
+    def loads(self, timeout: float = 30.0) -> list:
+        """/v1/loads: one entry per data-parallel rank (num_running_reqs, ...)."""
+        r = requests.get(self.url + "/v1/loads", timeout=timeout)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        loads = body.get("loads", body) if isinstance(body, dict) else body
+        return loads if isinstance(loads, list) else [loads]
+
     def stop(self):
         if self.proc.poll() is None:
             try:

@@ -1,19 +1,15 @@
 """Under --enable-deterministic-inference, a sliding-window layer's prefill output is the
 same, bit for bit, whether the prompt runs cold, in chunks or as a prefix-cache hit.
 
-Every deterministic extend runs triton's unified 1-stage kernel, which sums a query's
-keys in tiles of BLOCK_N from the start of the request's key list. For a
-sliding-window layer stock 0.5.17 starts that list at the pass's window,
-prefix_len - min(prefix_len, window): a cold pass, a later chunk and a cache hit cut
-the same keys into different tiles and round differently. The step pads the list to
-start on an absolute multiple of 128 keys (0.5.23 has upstream's padding of its own:
-there this test checks upstream's).
+Triton's deterministic unified extend kernel sums a query's keys in tiles from the start
+of the request's key list. For a sliding-window layer stock 0.5.17 starts that list at
+the pass's window: a cold pass, a later chunk and a cache hit cut the same keys into
+different tiles and round differently. The step pads the list to start on an absolute
+multiple of 128 keys (0.5.23: upstream's padding, checked here).
 
-The real backend metadata and kernel run on CPU through Triton's interpreter
-(TRITON_INTERPRET=1, read when the kernels are defined, hence a fresh process: run
-this file as a script). Buffers are fp32 so that a different rounding order shows;
-a full-attention layer, whose list always starts at 0, is the control that the
-passes compare exactly apart from the window's tiles.
+The real metadata and kernel run under Triton's interpreter (a fresh process: this file
+runs itself as a script), fp32 so that a different rounding order shows; a
+full-attention layer, whose list always starts at 0, is the control.
 """
 
 import types
@@ -41,79 +37,8 @@ PASSES = {  # {request: (cached prefix, new tokens)} a batch
 HEADS, KV_HEADS, HEAD_DIM, POOL = 2, 1, 32, 2048
 
 
-def _backend(g, k_buf, v_buf):
-    from attention_stand_ins import HAS_KV_LOC_PLAN, attach_translator
-
-    from sglang.kernels.ops.attention import extend_attention
-    from sglang.srt.layers.attention import triton_backend
-
-    pool = types.SimpleNamespace(
-        get_key_buffer=lambda layer_id: k_buf, get_value_buffer=lambda layer_id: v_buf
-    )
-    bs = len(PROMPTS)
-    be = object.__new__(triton_backend.TritonAttnBackend)
-    be.sliding_window_size = WINDOW
-    be.req_to_token = torch.zeros(bs + 1, max(PROMPTS), dtype=torch.int32)
-    slots = torch.randperm(POOL, generator=g)[: sum(PROMPTS)].to(torch.int32)
-    for i, s in enumerate(PROMPTS):
-        be.req_to_token[i + 1, :s] = slots[sum(PROMPTS[:i]) : sum(PROMPTS[: i + 1])]
-    be.token_to_kv_pool = pool
-    be.use_sliding_window_kv_pool = False
-    be.dcp_size, be.page_size, be.device = 1, 1, "cpu"
-    be.chain_verify = None  # what a later step's __init__ sets (split-KV verify off)
-    be._translate_kv_loc = None
-    be.enable_deterministic = True
-    be.extend_attention_fwd_unified = extend_attention.extend_attention_fwd_unified
-    be.build_unified_kv_indices = extend_attention.build_unified_kv_indices
-    for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
-        setattr(be, name, torch.zeros(bs + 1, dtype=torch.int32))
-    if HAS_KV_LOC_PLAN:  # what 0.5.23's __init__ adds for the extend path
-        be.max_context_len, be._dense_one_shot_kv_indptr = max(PROMPTS), None
-        be.align_window_kv_to_tiles = extend_attention.align_window_kv_to_tiles
-        attach_translator(be)
-    return be
-
-
-def _batch(be, reqs, chunk):
-    """A real ForwardBatch of requests ``reqs`` (indices into PROMPTS), each with
-    ``chunk[i] = (prefix, new tokens)``."""
-    from attention_stand_ins import bind_plan
-
-    from sglang.srt.model_executor.forward_batch_info import (
-        CaptureHiddenMode,
-        ForwardBatch,
-        ForwardMode,
-    )
-
-    pre = [p for p, _ in chunk]
-    ext = [e for _, e in chunk]
-    seq = [p + e for p, e in chunk]
-    n = sum(ext)
-    fb = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND,
-        batch_size=len(reqs),
-        input_ids=torch.zeros(n, dtype=torch.int64),
-        req_pool_indices=torch.tensor(reqs) + 1,
-        seq_lens=torch.tensor(seq),
-        out_cache_loc=torch.cat(
-            [be.req_to_token[r + 1, p:s].long() for r, p, s in zip(reqs, pre, seq)]
-        ),
-        seq_lens_sum=sum(seq),
-    )
-    fb.seq_lens_cpu = torch.tensor(seq)
-    fb.orig_seq_lens = torch.tensor([PROMPTS[r] for r in reqs])
-    fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu = ext, pre
-    fb.extend_seq_lens = torch.tensor(ext, dtype=torch.int32)
-    fb.extend_prefix_lens = torch.tensor(pre, dtype=torch.int32)
-    fb.extend_start_loc = torch.cumsum(torch.tensor([0] + ext[:-1]), 0).to(torch.int32)
-    fb.extend_num_tokens = n
-    fb.positions = torch.cat([torch.arange(p, s) for p, s in zip(pre, seq)])
-    fb.capture_hidden_mode = CaptureHiddenMode.NULL
-    return bind_plan(be, fb)
-
-
 def _check():
-    from sglang.srt.layers.radix_attention import AttentionType
+    from attention_stand_ins import decoder_layer, deterministic_triton_backend, extend_batch_of
 
     row_invariant_dot()
     g = torch.Generator().manual_seed(0)
@@ -121,20 +46,15 @@ def _check():
     v_buf = torch.randn(POOL, KV_HEADS, HEAD_DIM, generator=g)
     # One query per request and position, whichever pass computes it.
     q = [torch.randn(s, HEADS * HEAD_DIM, generator=g) for s in PROMPTS]
-    be = _backend(g, k_buf, v_buf)
+    be = deterministic_triton_backend(g, PROMPTS, WINDOW, k_buf, v_buf, POOL)
 
     def run(passes, window):
         """Each request's output rows, by position, over the passes."""
-        layer = types.SimpleNamespace(
-            sliding_window_size=window, layer_id=0, tp_q_head_num=HEADS,
-            qk_head_dim=HEAD_DIM, v_head_dim=HEAD_DIM, k_scale=None, v_scale=None,
-            scaling=HEAD_DIM**-0.5, xai_temperature_len=-1,
-            attn_type=AttentionType.DECODER, logit_cap=0.0,
-        )
+        layer = decoder_layer(window, HEADS, HEAD_DIM)
         rows = {r: [None] * s for r, s in enumerate(PROMPTS)}
         for batch in passes:
             reqs, chunk = list(batch), list(batch.values())
-            fb = _batch(be, reqs, chunk)
+            fb = extend_batch_of(be, reqs, chunk, [PROMPTS[r] for r in reqs])
             be.init_forward_metadata(fb)
             qs = torch.cat([q[r][p : p + e] for r, (p, e) in batch.items()])
             o = torch.empty(len(qs), HEADS * HEAD_DIM)

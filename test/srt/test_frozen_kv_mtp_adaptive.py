@@ -1,22 +1,14 @@
-"""--speculative-adaptive under FROZEN_KV_MTP (step frozen-kv-mtp-adaptive,
-speculative/frozen_kv_mtp_adaptive.py) and its per-state capture sizes (step
-spec-adaptive-per-state-capture-sizes, speculative/adaptive_capture_sizes.py), on
-CPU, no engine. Works on both bases (0.5.17, 0.5.23); what differs is decided
-once, below (WORKER_TAKES_PS, DRAFT_GRAPH_FROM_STEPS).
+"""--speculative-adaptive under FROZEN_KV_MTP (step frozen-kv-mtp-adaptive) and its
+per-state capture sizes (step spec-adaptive-per-state-capture-sizes), on CPU, no engine;
+both bases (what differs is decided once, below).
 
-Stock asserts against adaptive speculation in FrozenKVMTPWorkerV2 (and 0.5.23's
-server arguments turn it off first). The
-fork builds EAGLE v2's AdaptiveController there; the worker's real
-``build_adaptive_runtime_state`` / ``apply_runtime_state`` (inherited from
-EAGLEWorkerV2) run here over stand-in model runners, with the runtime context
-published, and real decode rounds go through ``forward_batch_generation``:
-- at 0 draft steps the drafter is not run; the target verifies the bonus token
-  alone and the next seed is that verify's hidden row;
-- each runtime state has its own draft attention backend, and a state with no
-  draft graph (0 steps; 1 too on 0.5.17) does not inherit another state's graph
-  runner.
+Stock asserts against adaptive speculation in FrozenKVMTPWorkerV2; the fork builds EAGLE
+v2's AdaptiveController there. The worker's real build_adaptive_runtime_state /
+apply_runtime_state run over stand-in model runners, and real decode rounds go through
+forward_batch_generation: at 0 draft steps the drafter is not run and the target verifies
+the bonus token alone; each state has its own draft attention backend, and a state with
+no draft graph does not inherit another state's graph runner.
 """
-
 import inspect
 import types
 from contextlib import contextmanager
@@ -71,13 +63,10 @@ DEFAULT_CANDIDATES = sorted(
 
 def frozen_args(**kw):
     args = ServerArgs(model_path="dummy", device="cpu", disable_cuda_graph=True)
-    args.speculative_algorithm = "FROZEN_KV_MTP"
-    args.speculative_eagle_topk = 1
-    args.speculative_num_steps = 3
-    args.speculative_num_draft_tokens = 4
-    args.speculative_adaptive = True
-    args.max_running_requests = 80
-    for k, v in kw.items():
+    defaults = dict(speculative_algorithm="FROZEN_KV_MTP", speculative_eagle_topk=1,
+                    speculative_num_steps=3, speculative_num_draft_tokens=4,
+                    speculative_adaptive=True, max_running_requests=80)
+    for k, v in {**defaults, **kw}.items():
         setattr(args, k, v)
     return args
 
@@ -222,14 +211,11 @@ def worker(monkeypatch):
     yield from build_worker(monkeypatch, frozen_args())
 
 
-def test_stock_worker_refused_adaptive_and_fork_builds_controller(worker):
-    # (the fixture ran the real __init__ with speculative_adaptive=True)
-    assert worker.adaptive_controller.candidate_steps == DEFAULT_CANDIDATES
-    assert sorted(worker.adaptive_controller._states) == DEFAULT_CANDIDATES
-
-
 def test_each_state_has_its_own_draft_backend_and_graphs(worker):
+    # (the fixture ran the real __init__ with speculative_adaptive=True: stock refused it)
+    assert worker.adaptive_controller.candidate_steps == DEFAULT_CANDIDATES
     states = worker.adaptive_controller._states
+    assert sorted(states) == DEFAULT_CANDIDATES
     backends = [states[s].draft_attn_backend for s in DEFAULT_CANDIDATES]
     assert len({id(b) for b in backends}) == len(backends)
     # a state with no draft graph must not keep another state's (here the steps-3 one)
@@ -399,7 +385,7 @@ def run_round(worker, monkeypatch, batch):
 
 
 def test_zero_step_round_verifies_the_bonus_token_alone(worker, monkeypatch):
-    # 64 requests: the stock config's slot that drafts 0 steps
+    # 64 requests: the stock config's slot that drafts 0 steps (64 and up)
     seq_lens = list(range(10, 74))
     bonus = list(range(1000, 1064))
     out, seen = run_round(worker, monkeypatch, decode_batch(seq_lens, bonus))
@@ -417,9 +403,7 @@ def test_zero_step_round_verifies_the_bonus_token_alone(worker, monkeypatch):
     assert seed.hidden_states[:, 0].tolist() == [float(i) for i in range(64)]
 
 
-def test_batch_80_round_does_not_draft_and_batch_1_does(worker, monkeypatch):
-    _, seen = run_round(worker, monkeypatch, decode_batch([5] * 80, list(range(80))))
-    assert "drafted" not in seen and seen["verify_input"].draft_token_num == 1
+def test_batch_1_round_drafts(worker, monkeypatch):
     out, seen = run_round(worker, monkeypatch, decode_batch([5, 6], [3, 4]))
     assert seen.get("drafted") and seen["verify_input"].draft_token_num == 4
     # seed read at the last accepted node of each request's 4-row block

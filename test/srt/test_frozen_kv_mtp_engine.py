@@ -1,25 +1,15 @@
 """The triton backend and FROZEN_KV_MTP end to end on CPU, against Hugging Face.
 
-The engine serves the tiny Gemma-4 (window 16) on the triton backend, run by
-Triton's interpreter (TRITON_INTERPRET=1 in the scheduler process), fp32, no CUDA
-graphs, no overlap scheduling (CPU streams cannot record). Greedy outputs must equal
-HF transformers' for prompts whose HF continuation has no near-tie:
-- without speculation: step triton-decode-sliding-window-width (stock triton decode dropped the oldest key of
-  every sliding window once a request passed it; this test caught it);
-- FROZEN_KV_MTP with a Gemma-4 assistant drafter (seeded random weights);
-- with `--speculative-adaptive` (step frozen-kv-mtp-adaptive), a config that sends batches of 2+ to
-  0 draft steps and a batch of 1 to 3: the requests finish one by one, so the run
-  switches 3 -> 0 -> 3 steps (checked in the scheduler's log); the same engine serves the
-  prompts again without logprobs, and the 0-step rounds take the one-node greedy tail
-  (step one-node-greedy-verify-tail);
-- with `--triton-attention-split-kv-verify` (steps triton-split-kv-verify-arg, chain-verify-as-decode;
-  0.5.23 has no flag: SGLANG_ENABLE_SPLITKV_VERIFY selects the chain mode of its split-KV
-  verify, on CUDA only, which the shim lets the CPU pass for);
-- with `--kv-sharing-fast-prefill` (YOCO under MTP, step mtp-target-prefill-captures-last).
-`mtp_cpu_shim/` routes three stock device gates to stock's Triton kernels (see its
-docstring).
+The engine serves the tiny Gemma-4 (window 16) on the triton backend under Triton's
+interpreter (TRITON_INTERPRET=1 in the scheduler process), fp32, no CUDA graphs, no
+overlap scheduling. Greedy outputs must equal HF's, for prompts without a near-tie:
+without speculation (step triton-decode-sliding-window-width: stock triton decode dropped
+the oldest key of every sliding window; this test caught it); FROZEN_KV_MTP with a seeded
+Gemma-4 assistant; adaptive (3 -> 0 -> 3 steps, and the one-node greedy tail); the split-KV
+chain verify (0.5.23: SGLANG_ENABLE_SPLITKV_VERIFY's chain mode, CUDA-only but for the
+shim); YOCO under MTP. `mtp_cpu_shim/` routes three stock device gates to stock's Triton
+kernels (see its docstring).
 """
-
 import contextlib
 import json
 import os
@@ -70,16 +60,10 @@ def setup(tmp_path_factory):
 @contextlib.contextmanager
 def environ(env):
     """os.environ with ``env`` set (read by the engine's scheduler process), restored after."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextlib.contextmanager
@@ -103,12 +87,6 @@ def engine(setup, **overrides):
         yield generate
     finally:
         eng.shutdown()
-
-
-def serve(setup, return_logprob=True, **overrides):
-    """Greedy tokens and verify-round counts of the prompts sent as one batch."""
-    with engine(setup, **overrides) as generate:
-        return generate(return_logprob)
 
 
 @contextlib.contextmanager
@@ -145,7 +123,8 @@ def mtp(setup, return_logprob=True, **extra):
 
 @pytest.mark.stack("generic-fixes")
 def test_triton_decode_matches_hf(setup):
-    tokens, verify = serve(setup)
+    with engine(setup) as generate:
+        tokens, verify = generate()
     assert tokens == setup[3]
     assert verify in ([None] * 3, [0] * 3)
 

@@ -1,40 +1,20 @@
 """FROZEN_KV_MTP at 3, 4 and 5 draft steps under concurrency equals no speculation.
 
-Deeper chains change every buffer sized by the draft-token count (the verify rows of a
-request, the tree arrays, the accepted-token scatter and the KV slots freed after a
-partial accept), and several requests in one batch lay those rows side by side, so an
-index that mixes up the batch size and the draft-token count, or a row of one request
-read for another, shows only at concurrency and beyond the 3 steps the other tests use
-(upstream sgl-project/sglang#32666: 5 steps corrupt at concurrency >= 2, 3 do not).
+Deeper chains change every buffer sized by the draft-token count, and only several
+requests in one batch lay those rows side by side: an index that mixes up batch size and
+draft-token count shows only at concurrency and beyond 3 steps (upstream
+sgl-project/sglang#32666: 5 steps corrupt at concurrency >= 2, 3 do not).
 
-One engine per step count (the step count is fixed at start-up) serves three greedy
-requests at once: prompts of 9, 20 and 33 tokens (the first crosses the tiny model's
-sliding window of 16 while it decodes, the others start past it, so windowed layers
-read a translated window); 8, 9 and 11 new tokens, so the first request finishes
-first and the others move up a row, and the batch shrinks 3 -> 2 -> 1. Each output must
-equal, token by token, the greedy output of the target without speculation (Hugging
-Face transformers' run of the same checkpoint, prompts whose continuation has no
-near-tie, as in test_frozen_kv_mtp_engine; the engine without speculation equals it
-there, test_triton_decode_matches_hf).
-
-Drafts come from the oracle drafter of `mtp_cpu_shim/` (SGLANG_TEST_MTP_ORACLE_DRAFTS):
-the tiny drafter's random weights are almost never accepted, and a verify that accepts
-no draft never commits more than one token a round. The oracle proposes the reference
-continuation, right for the first d tokens of a round and wrong after, d = (round +
-offset) mod (steps + 2); the offsets (4, 6, 2) make the rounds run by at least two
-requests at once accept every length from none to the whole chain at each step count
-(also were the counts one round or one token off); the test checks they did. The verify
-is FROZEN_KV_MTP's default on triton (the split-KV chain verify, step
-split-kv-verify-default; on 0.5.23 SGLANG_ENABLE_SPLITKV_VERIFY's chain mode).
-
-CI time: through Triton's interpreter a request's round costs about its layers x heads
-x draft tokens, so the models are the smallest that keep each part of the path: a
-target of 4 layers (sliding, full, and two KV-shared layers that read them), 2 query
-heads on 1 KV head, and an assistant of 2 layers (one of each kind). 36 s on 2 cores
-against 220 s for eight requests on the 8-layer tiny model, most of it the three engines'
-start-up.
+One engine per step count serves three greedy requests at once (prompts of 9, 20, 33
+tokens around the sliding window of 16; 8, 9, 11 new tokens, so the batch shrinks
+3 -> 2 -> 1); each output must equal HF's greedy output (prompts without a near-tie).
+Drafts come from the oracle drafter of `mtp_cpu_shim/` (SGLANG_TEST_MTP_ORACLE_DRAFTS:
+random drafter weights are almost never accepted), right for the first d tokens of a
+round, d = (round + offset) mod (steps + 2), so that every acceptance length runs (checked).
+The verify is FROZEN_KV_MTP's default on triton (the split-KV chain verify).
+CI time: the smallest models that keep each kind of layer (a 4-layer target, 2 query
+heads on 1 KV head, a 2-layer assistant): 36 s on 2 cores against 220 s on the tiny model.
 """
-
 import json
 import os
 import sys

@@ -1,18 +1,13 @@
-"""Step war-barrier-verify-event: FROZEN_KV_MTP's WAR barrier waits on the verify graph's read-done
-event (as plain decode waits on its graph's), not on the whole forward.
+"""Step war-barrier-verify-event: FROZEN_KV_MTP's WAR barrier waits on the verify graph's
+read-done event (as plain decode waits on its graph's), not on the whole forward.
 
-Stock: FrozenKVMTPWorkerV2 inherits EAGLE v2's barrier runner (the draft
-runner), which never publishes an event under the frozen drafter, so the
-scheduler always took ``wait_stream(forward_stream)``. On 0.5.17 the verify
-graph published no event outside DFlash either, and the step makes it publish
-one under FROZEN_KV_MTP; 0.5.23's verify graph already publishes one (its
-attention backend declares where the shared reads end), and the step is the
-worker half only. CPU only: the scheduler's barrier and the graph runner's
-``execute`` run over stand-ins (load and replay recorded, events counted).
-
-Works on both bases; what differs is decided once, below (SHARED_READ_ENDS).
+Stock: FrozenKVMTPWorkerV2 inherits EAGLE v2's barrier runner (the draft runner), which
+never publishes an event under the frozen drafter, so the scheduler always took
+``wait_stream(forward_stream)``. On 0.5.17 the step also makes the verify graph publish
+one under FROZEN_KV_MTP; 0.5.23's verify graph already does (its attention backend
+declares where the shared reads end). CPU only: the scheduler's barrier and the graph
+runner's ``execute`` run over stand-ins. Both bases (decided once: SHARED_READ_ENDS).
 """
-
 import contextlib
 import types
 
@@ -53,14 +48,12 @@ def frozen_worker(topk):
     return w
 
 
+# topk > 1 compacts the accepted path after verify, reading req_to_token: the whole
+# forward's barrier stays.
 @pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", fails_before=True)
-def test_topk_1_barrier_reads_the_target_runner():
-    assert getattr(frozen_worker(1), BARRIER_RUNNER).name == "target-runner"
-
-
-def test_topk_above_1_keeps_the_whole_forward_barrier():
-    # topk > 1 compacts the accepted path after verify, reading req_to_token
-    assert getattr(frozen_worker(2), BARRIER_RUNNER).name == "draft-runner"
+@pytest.mark.parametrize("topk, runner_name", [(1, "target-runner"), (2, "draft-runner")])
+def test_barrier_reads_the_target_runner_at_topk_1(topk, runner_name):
+    assert getattr(frozen_worker(topk), BARRIER_RUNNER).name == runner_name
 
 
 def barrier_after_verify(worker):
@@ -83,15 +76,12 @@ def barrier_after_verify(worker):
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event", fails_before=True)
-def test_scheduler_waits_on_the_verify_event_not_the_forward():
-    waits, target = barrier_after_verify(frozen_worker(1))
-    assert waits == [("event", "verify-read-done")]
-    assert getattr(target, READ_DONE) is None  # consumed: a round that skips it falls back
-
-
-def test_scheduler_keeps_the_forward_barrier_at_topk_above_1():
-    waits, _ = barrier_after_verify(frozen_worker(2))
-    assert waits == [("stream", "forward-stream")]
+@pytest.mark.parametrize("topk, wait", [(1, ("event", "verify-read-done")), (2, ("stream", "forward-stream"))])
+def test_scheduler_waits_on_the_verify_event_not_the_forward(topk, wait):
+    waits, target = barrier_after_verify(frozen_worker(topk))
+    assert waits == [wait]
+    if topk == 1:
+        assert getattr(target, READ_DONE) is None  # consumed: a round that skips it falls back
 
 
 # ------------------------------------------------ the verify graph publishes its event

@@ -1,15 +1,10 @@
-"""YOCO fast prefill (--kv-sharing-fast-prefill) under FROZEN_KV_MTP speculative
-decoding (Gemma-4 assistant drafter), on CPU, no engine.
+"""YOCO fast prefill under FROZEN_KV_MTP (Gemma-4 assistant drafter), on CPU, no engine.
 
-Step mtp-target-prefill-captures-last: the frozen-KV worker's target prefill asks for LAST hidden states
-(``target_prefill_capture_mode``), raised to FULL only when a request, the server
-or the batch's spec_info needs every token's hidden state. Stock SGLang (0.5.17 and
-0.5.23) asked for FULL, which made every prefill under MTP fall back to the full
-computation.
-
-Per MTP phase, whether YOCO fires is checked with the real predicate
-(``fast_prefill_skip_reason``) on real ForwardBatch objects, using the forward
-mode and capture mode that phase really runs with.
+Step mtp-target-prefill-captures-last: the frozen-KV worker's target prefill asks for
+LAST hidden states, FULL only when a request, the server or the batch's spec_info needs
+every token's. Stock asked for FULL, so every prefill under MTP ran in full. Per MTP
+phase, whether YOCO fires is checked with the real predicate on real ForwardBatch
+objects, in the forward and capture modes that phase runs with.
 """
 
 import types
@@ -65,45 +60,27 @@ def test_capture_mode_plain_batch_is_last():
 
 
 @pytest.mark.parametrize(
-    "mode, want", [(NULL, LAST), (LAST, LAST), (FULL, FULL)], ids=["NULL", "LAST", "FULL"]
+    "req_mode, server_mode, spec_mode, want",
+    [(LAST, NULL, None, LAST), (FULL, NULL, None, FULL),  # a request with return_hidden_states: FULL
+     (NULL, LAST, None, LAST), (NULL, FULL, None, FULL), (FULL, LAST, None, FULL),  # the larger of the two
+     (NULL, NULL, NULL, LAST), (NULL, NULL, LAST, LAST), (NULL, NULL, FULL, FULL)],
 )
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_capture_mode_follows_the_requests(mode, want):
-    """A request with return_hidden_states (batch mode FULL) still gets FULL."""
-    assert target_prefill_capture_mode(ns_batch(mode), NULL) == want
-    sched = ScheduleBatch(reqs=[])
-    sched.return_hidden_states_mode = mode
-    assert target_prefill_capture_mode(sched, NULL) == want
-
-
-@pytest.mark.parametrize(
-    "server_mode, want", [(NULL, LAST), (LAST, LAST), (FULL, FULL)], ids=["NULL", "LAST", "FULL"]
-)
-@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_capture_mode_follows_the_server(server_mode, want):
-    assert target_prefill_capture_mode(ns_batch(), server_mode) == want
-    # the larger of the request's and the server's
-    assert target_prefill_capture_mode(ns_batch(FULL), server_mode) == FULL
-
-
-@pytest.mark.parametrize(
-    "spec_mode, want",
-    [(None, LAST), (NULL, LAST), (LAST, LAST), (FULL, FULL)],
-    ids=["None", "NULL", "LAST", "FULL"],
-)
-@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_capture_mode_follows_the_spec_info(spec_mode, want):
-    spec = types.SimpleNamespace(capture_hidden_mode=spec_mode)
-    assert target_prefill_capture_mode(ns_batch(spec_info=spec), NULL) == want
+def test_capture_mode_follows_requests_server_and_spec_info(req_mode, server_mode, spec_mode, want):
+    spec = None if spec_mode is None else types.SimpleNamespace(capture_hidden_mode=spec_mode)
+    assert target_prefill_capture_mode(ns_batch(req_mode, spec), server_mode) == want
+    if spec is None and server_mode == NULL:
+        sched = ScheduleBatch(reqs=[])
+        sched.return_hidden_states_mode = req_mode
+        assert target_prefill_capture_mode(sched, NULL) == want
 
 
 # ------------------------------------------------ the worker uses it
 
 
 class FakeTarget:
-    """Target worker: records the capture mode it was asked for and returns
-    hidden states shaped like that capture (FULL: every new token, LAST: the
-    last new token of each request). Row r of FULL is token r's hidden state."""
+    """Records the capture mode asked for; returns hidden states of that shape (FULL:
+    row r is new token r's, LAST: each request's last new token's)."""
 
     def __init__(self):
         self.calls = []
@@ -123,10 +100,9 @@ class FakeTarget:
         )
 
 
-# The one difference between the releases in the prefill branch these tests run: how
-# it enters the draft's tensor-parallel group. 0.5.17 calls the draft worker's own
-# draft_tp_context(draft_runner.tp_group); 0.5.23 calls spec_utils' draft_tp_context
-# with the DraftParallelLayout the draft worker resolved (its parallel_layout).
+# How the prefill branch enters the draft's TP group: 0.5.17 through the draft worker's
+# own draft_tp_context(draft_runner.tp_group); 0.5.23 through spec_utils' draft_tp_context
+# with the draft worker's parallel_layout.
 DRAFT_LAYOUT = hasattr(fkv, "resolve_draft_parallel_layout")
 
 
@@ -163,9 +139,7 @@ def real_draft_worker(topk=1):
 
 
 def draft_context(draft):
-    """DRAFT_LAYOUT: a FakeDraft records the layout the prefill branch enters through
-    spec_utils' draft_tp_context, as it records the group 0.5.17 enters through the
-    draft worker's own."""
+    """DRAFT_LAYOUT: a FakeDraft records the layout entered through spec_utils' context."""
     if DRAFT_LAYOUT and isinstance(draft, FakeDraft):
         return mock.patch.object(fkv, "draft_tp_context", draft.draft_tp_context)
     return nullcontext()
@@ -174,9 +148,7 @@ def draft_context(draft):
 @contextmanager
 def published_server(**fields):
     """A dummy-model ServerArgs with ``fields``, published as the process's settings
-    (what get_server_return_hidden_states_mode() reads on 0.5.23); the worker also
-    gets it as its server_args (what it passes to that function on 0.5.17). The
-    previous settings come back afterwards."""
+    (read on 0.5.23; 0.5.17's worker gets it as its server_args), restored after."""
     override = get_context().override_server_args(**fields)
     server = override.install()
     try:
@@ -186,9 +158,7 @@ def published_server(**fields):
 
 
 def make_worker(draft, server_args):
-    """FrozenKVMTPWorkerV2 without __init__ (which builds model runners).
-    target_worker / draft_worker are read-only properties of BaseSpecWorker
-    over _target_worker / _draft_worker."""
+    """FrozenKVMTPWorkerV2 without __init__ (which builds model runners)."""
     worker = object.__new__(fkv.FrozenKVMTPWorkerV2)
     worker._target_worker = FakeTarget()
     worker._draft_worker = draft
@@ -207,9 +177,8 @@ def extend_batch(extend_lens, return_hidden_states_mode=NULL):
 
 
 def run_prefill(extend_lens, return_hidden_states_mode=NULL, server=None, draft=None):
-    """One target-prefill step through FrozenKVMTPWorkerV2.forward_batch_generation,
-    with the server settings ``server`` (ServerArgs fields) published.
-    Returns (the capture mode the target was asked for, the step's output, the worker)."""
+    """One target-prefill step through forward_batch_generation, with ServerArgs fields
+    ``server`` published: (the capture mode the target was asked for, output, worker)."""
     draft = draft or FakeDraft()
     with published_server(**(server or {})) as server_args, draft_context(draft):
         worker = make_worker(draft, server_args)
@@ -234,14 +203,6 @@ def test_worker_target_prefill_asks_for_last():
     assert draft.tp_contexts == ["draft-tp-group"]
 
 
-@pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-def test_worker_target_prefill_full_when_a_request_returns_hidden_states():
-    mode, _, _ = run_prefill([5, 9], return_hidden_states_mode=FULL)
-    assert mode == FULL
-    mode, _, _ = run_prefill([5, 9], return_hidden_states_mode=LAST)
-    assert mode == LAST
-
-
 @pytest.mark.parametrize(
     "server, want",
     [
@@ -261,7 +222,7 @@ def test_worker_target_prefill_follows_the_server(server, want):
 
 
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
-@pytest.mark.parametrize("rhs_mode", [NULL, FULL], ids=["NULL", "FULL"])
+@pytest.mark.parametrize("rhs_mode", [NULL, LAST, FULL], ids=["NULL", "LAST", "FULL"])
 def test_real_seed_reads_each_requests_last_hidden_row(rhs_mode):
     """With the real draft worker, the seed is each request's last prompt token's
     hidden state whether the target captured LAST (one row per request) or FULL."""
@@ -285,16 +246,10 @@ def test_phase_target_prefill_fires():
     fb = make_batch([5, 9, 1])
     fb.capture_hidden_mode = mode
     assert reason(fb) is None
-    # a request that returns hidden states still takes the full computation
+    # a request that returns hidden states still takes the full computation (as did
+    # every target prefill of stock, which asked for FULL)
     mode, _, _ = run_prefill([5, 9, 1], return_hidden_states_mode=FULL)
     fb.capture_hidden_mode = mode
-    assert reason(fb) == "full_hidden_capture"
-
-
-def test_phase_stock_full_capture_never_fires():
-    """Stock SGLang asked the target prefill for FULL: YOCO could never fire."""
-    fb = make_batch([5, 9, 1])
-    fb.capture_hidden_mode = FULL
     assert reason(fb) == "full_hidden_capture"
 
 

@@ -1,21 +1,13 @@
-"""Step one-node-greedy-verify-tail (speculative/one_node_greedy_verify.py): FROZEN_KV_MTP's 0-step
-round (one verify node per request) on an all-greedy batch skips the stock tree
+"""Step one-node-greedy-verify-tail (speculative/one_node_greedy_verify.py): FROZEN_KV_MTP's
+0-step round (one verify node per request) on an all-greedy batch skips the stock tree
 sampling and takes the target's argmax.
 
-- ``run_eagle_verify`` with the tail must return what it returns without it
-  (tokens, dtypes, accept lengths, new lengths, bonus tokens), with and
-  without the bench's simulated acceptance. The stock side runs for real: its
-  Triton kernels (``verify_tree_greedy``, ``fill_bonus_tokens``) under Triton's
-  interpreter on CPU, as the engine tests run them; only the target forward and
-  the verify's slot planning are stand-ins.
-- Every batch the stock sampling must see falls through (the tail returns
-  None): grammar, logprobs, sampling, penalties, logit bias, idle, more than
-  one node.
-- The worker gets the tail only where its verify needs nothing per step.
-
-Works on both bases; 0.5.23's verify has more per-step work (a watermark,
-HiSparse, mamba tracking: ``one_node_greedy_verify_release``), tested for 0.5.23
-only, and another run_eagle_verify signature (decided once below).
+``run_eagle_verify`` with the tail returns what it returns without it, with and without
+the bench's simulated acceptance; the stock side runs its Triton kernels under Triton's
+interpreter (only the target forward and the slot planning are stand-ins). Every batch
+the stock sampling must see falls through (the tail returns None), and the worker gets
+the tail only where its verify needs nothing per step. Both bases; 0.5.23's verify has
+more per-step work (watermark, HiSparse, mamba tracking), tested there only.
 """
 
 import inspect
@@ -202,6 +194,17 @@ def test_tail_returns_what_the_stock_sampling_returns(interpreted, sim, bs):
         assert runs["stock"]["next_token_ids"] == [100] * bs
 
 
+def _takes_tail(worker, verify_changes=None, **batch_changes):
+    batch, verify_input, logits = one_node_batch(3, **batch_changes)
+    verify_input.__dict__.update(verify_changes or {})
+    out = types.SimpleNamespace(
+        logits_output=types.SimpleNamespace(next_token_logits=logits),
+        routed_experts_output=None,
+        indexer_topk_output=None,
+    )
+    return tail_mod.OneNodeGreedyVerifyTail(worker)(batch, verify_input, out, None, True) is not None
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -212,28 +215,16 @@ def test_tail_returns_what_the_stock_sampling_returns(interpreted, sim, bs):
         dict(sampling_info=sampling(acc_scaling_penalties=torch.ones(3, 1))),
         dict(sampling_info=sampling(logit_bias=torch.zeros(3, VOCAB))),
         dict(forward_mode=ForwardMode.IDLE),
+        dict(verify_changes=dict(draft_token_num=4)),  # a drafted round
+        dict(worker=dict(kv_cache=types.SimpleNamespace(clear_unaccepted_c128_draft_states=lambda *a: None))),
     ],
-    ids=["grammar", "logprob", "sampling", "additive", "scaling", "logit_bias", "idle"],
+    ids=["grammar", "logprob", "sampling", "additive", "scaling", "logit_bias", "idle", "drafted",
+         "kv_cache_clears_draft_states"],
 )
 def test_batches_the_stock_sampling_must_see_fall_through(change):
-    batch, verify_input, logits = one_node_batch(3, **change)
-    out = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=logits))
-    assert tail_mod.OneNodeGreedyVerifyTail(_worker())(batch, verify_input, out, None, True) is None
-    # the unchanged batch takes the tail
-    batch, verify_input, logits = one_node_batch(3)
-    out = types.SimpleNamespace(
-        logits_output=types.SimpleNamespace(next_token_logits=logits),
-        routed_experts_output=None,
-        indexer_topk_output=None,
-    )
-    assert tail_mod.OneNodeGreedyVerifyTail(_worker())(batch, verify_input, out, None, True) is not None
-
-
-def test_a_drafted_round_falls_through():
-    batch, verify_input, logits = one_node_batch(3)
-    verify_input.draft_token_num = 4
-    out = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=logits))
-    assert tail_mod.OneNodeGreedyVerifyTail(_worker())(batch, verify_input, out, None, True) is None
+    change = dict(change)
+    assert not _takes_tail(_worker(**change.pop("worker", {})), **change)
+    assert _takes_tail(_worker())  # the unchanged batch takes the tail
 
 
 def _worker(topk=1, kv_cache=None, watermark_state=None):
@@ -257,30 +248,12 @@ def test_worker_gets_the_tail_only_where_verify_needs_nothing_per_step(monkeypat
     assert tail_mod.one_node_greedy_verify_tail(_worker()) is None
 
 
-def test_a_kv_cache_that_clears_draft_states_falls_through():
-    batch, verify_input, logits = one_node_batch(3)
-    out = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=logits))
-    c128 = types.SimpleNamespace(clear_unaccepted_c128_draft_states=lambda *a: None)
-    tail = tail_mod.OneNodeGreedyVerifyTail(_worker(kv_cache=c128))
-    assert tail(batch, verify_input, out, None, True) is None
-
-
 @pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-verify-tail", fails_before=True)
 def test_frozen_kv_mtp_worker_takes_the_tail(monkeypatch):
     from test_frozen_kv_mtp_adaptive import build_worker, frozen_args
 
     for w in build_worker(monkeypatch, frozen_args()):
         assert isinstance(w.one_node_verify_tail, tail_mod.OneNodeGreedyVerifyTail)
-
-
-def _takes_tail(worker, **batch_changes):
-    batch, verify_input, logits = one_node_batch(3, **batch_changes)
-    out = types.SimpleNamespace(
-        logits_output=types.SimpleNamespace(next_token_logits=logits),
-        routed_experts_output=None,
-        indexer_topk_output=None,
-    )
-    return tail_mod.OneNodeGreedyVerifyTail(worker)(batch, verify_input, out, None, True) is not None
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-verify-tail", bases=("0.5.23",))

@@ -32,24 +32,6 @@ def _rejects(match, **kw):
     assert isinstance(e.value, ValueError) and e.value.status_code == 400
 
 
-@pytest.mark.parametrize(
-    "ids, match",
-    [
-        ([5, 512], r"input_ids\[1\] is 512, outside the vocabulary: token ids must be in \[0, 512\)"),
-        ([5, -1], r"input_ids\[1\] is -1"),
-        ([5, 2**70], r"input_ids\[1\] is 1180591620717411303424"),
-        ([5, 6.5], r"input_ids\[1\] is 6.5 \(float\); token ids must be integers"),
-        ([5, "a"], r"input_ids\[1\] is 'a' \(str\)"),
-        ([[5], [6, 600]], r"input_ids\[1\]\[1\] is 600"),
-        ([[5], []], r"input_ids\[1\] is empty"),
-        ([[5], 6], r"input_ids\[1\] is 6; a batch of input_ids must be a list of lists"),
-    ],
-)
-@pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler", fails_before=True)
-def test_input_ids_rejected(ids, match):
-    _rejects(match, input_ids=ids)
-
-
 @pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler")
 def test_valid_requests_pass():
     _check(input_ids=[0, 511, True])  # bool is an int: True is token 1
@@ -65,6 +47,14 @@ def test_valid_requests_pass():
 @pytest.mark.parametrize(
     "kw, match",
     [
+        (dict(input_ids=[5, 512]), r"input_ids\[1\] is 512, outside the vocabulary: token ids must be in \[0, 512\)"),
+        (dict(input_ids=[5, -1]), r"input_ids\[1\] is -1"),
+        (dict(input_ids=[5, 2**70]), r"input_ids\[1\] is 1180591620717411303424"),
+        (dict(input_ids=[5, 6.5]), r"input_ids\[1\] is 6.5 \(float\); token ids must be integers"),
+        (dict(input_ids=[5, "a"]), r"input_ids\[1\] is 'a' \(str\)"),
+        (dict(input_ids=[[5], [6, 600]]), r"input_ids\[1\]\[1\] is 600"),
+        (dict(input_ids=[[5], []]), r"input_ids\[1\] is empty"),
+        (dict(input_ids=[[5], 6]), r"input_ids\[1\] is 6; a batch of input_ids must be a list of lists"),
         (dict(return_logprob=True, top_logprobs_num=VOCAB + 1), r"top_logprobs_num is 513; it must be in \[0, 512\]"),
         (dict(return_logprob=True, top_logprobs_num=-1), r"top_logprobs_num is -1"),
         (dict(return_logprob=True, top_logprobs_num=1.5), r"top_logprobs_num must be an integer"),
@@ -83,19 +73,16 @@ def test_valid_requests_pass():
         (dict(sampling_params={"sampling_seed": 2**63}), r"sampling_seed is 9223372036854775808"),
         (dict(sampling_params={"bogus": 1}), r"sampling_params has unknown keys \['bogus'\]"),
         (dict(sampling_params=5), r"sampling_params must be an object"),
+        # a batch's fields name the item
+        (dict(input_ids=[[5], [6]], sampling_params=[{}, {"top_k": 2.5}]),
+         r"sampling_params\[1\].top_k must be an integer"),
+        (dict(input_ids=[[5], [6]], return_logprob=True, top_logprobs_num=[1, 600]),
+         r"top_logprobs_num\[1\] is 600"),
     ],
 )
-@pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler")
-def test_request_fields_rejected(kw, match):
-    _rejects(match, input_ids=[5, 6], **kw)
-
-
-@pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler")
-def test_batch_fields_name_the_item():
-    _rejects(r"sampling_params\[1\].top_k must be an integer",
-             input_ids=[[5], [6]], sampling_params=[{}, {"top_k": 2.5}])
-    _rejects(r"top_logprobs_num\[1\] is 600",
-             input_ids=[[5], [6]], return_logprob=True, top_logprobs_num=[1, 600])
+@pytest.mark.stack("generic-fixes", step="validate-requests-before-the-scheduler", fails_before=True)
+def test_bad_fields_rejected(kw, match):
+    _rejects(match, **{"input_ids": [5, 6], **kw})
 
 
 def _server_limits():
@@ -126,53 +113,36 @@ def _server_limits():
          r"top_logprobs_num\[1\] is 500; .* --max-top-logprobs-num"),
         (dict(return_logprob=True, token_ids_logprob=[5] * (VOCAB + 1)),
          r"token_ids_logprob has 513 token ids, more than the vocabulary's 512"),
+        (dict(embedding=True, input_ids=[[5]] * 4097), r"asks for 4097 sequences"),
+        # a malformed n is answered by its own check, whatever the batch
+        (dict(input_ids=[[5]] * 3, sampling_params={"n": "x"}), r"sampling_params.n must be an integer"),
     ],
 )
 @pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves", fails_before=True)
 def test_what_one_request_reserves_is_bounded(kw, match):
     """A request with n = 100000 kept every other client of a CPU server waiting
     for minutes; the default bounds answer it 400 naming the server argument."""
-    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
     from sglang.srt.managers.request_validation import (
         RequestValidationError,
         validate_generate_request,
     )
 
-    kw.setdefault("input_ids", [5, 6])
+    kw = {"input_ids": [5, 6], **kw}
+    req = (EmbeddingReqInput if kw.pop("embedding", False) else GenerateReqInput)(**kw)
     with pytest.raises(RequestValidationError, match=match):
-        validate_generate_request(GenerateReqInput(**kw), VOCAB, limits=_server_limits())
-
-
-@pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves", fails_before=True)
-def test_embedding_batches_are_bounded_too():
-    from sglang.srt.managers.io_struct import EmbeddingReqInput
-    from sglang.srt.managers.request_validation import (
-        RequestValidationError,
-        validate_generate_request,
-    )
-
-    limits = _server_limits()
-    with pytest.raises(RequestValidationError, match=r"asks for 4097 sequences"):
-        validate_generate_request(EmbeddingReqInput(input_ids=[[5]] * 4097), VOCAB,
-                                  limits=limits)
-    validate_generate_request(EmbeddingReqInput(input_ids=[[5]] * 4096), VOCAB, limits=limits)
-    # a malformed n is answered by its own check, whatever the batch
-    from sglang.srt.managers.io_struct import GenerateReqInput
-
-    with pytest.raises(RequestValidationError, match=r"sampling_params.n must be an integer"):
-        validate_generate_request(GenerateReqInput(input_ids=[[5]] * 3,
-                                                   sampling_params={"n": "x"}), VOCAB,
-                                  limits=limits)
+        validate_generate_request(req, VOCAB, limits=_server_limits())
 
 
 @pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves")
 def test_requests_within_the_bounds_pass():
     from dataclasses import replace
 
-    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
     from sglang.srt.managers.request_validation import validate_generate_request
 
     limits = _server_limits()
+    validate_generate_request(EmbeddingReqInput(input_ids=[[5]] * 4096), VOCAB, limits=limits)
     for kw in (
         dict(input_ids=[5], sampling_params={"n": 128}),
         dict(input_ids=[[5]] * 32, sampling_params={"n": 128}),
@@ -294,13 +264,11 @@ HEALTHY_WITHIN = 10.0
 
 
 def test_fuzz_http_api(server, record_property):
-    """A seeded fuzz of /generate, /v1/completions and /v1/chat/completions: valid and
-    invalid bodies (http_fuzz.py). No answer is a 5xx; /v1/loads (the HTTP server,
-    reading the scheduler's published load) answers within HEALTHY_WITHIN after each
-    request, and /health (a generation through the scheduler, at least 1 s each) within
-    HEALTHY_WITHIN throughout, polled from a thread; the server is idle at the end, and a greedy
-    request gives the same tokens after the fuzz as before it. Bounded: FUZZ_EXAMPLES
-    requests, and none drawn after FUZZ_SECONDS is sent."""
+    """A seeded fuzz of /generate, /v1/completions and /v1/chat/completions (http_fuzz.py).
+    No answer is a 5xx; /v1/loads answers within HEALTHY_WITHIN after each request, and
+    /health (a generation through the scheduler) throughout, polled from a thread; the
+    server is idle at the end, and a greedy request gives the same tokens as before.
+    Bounded: FUZZ_EXAMPLES requests, none drawn after FUZZ_SECONDS sent."""
     import threading
 
     import requests
@@ -324,12 +292,6 @@ def test_fuzz_http_api(server, record_property):
                 ok = False
             health.append((ok, time.monotonic() - t0))
 
-    def loads():
-        r = requests.get(server.url + "/v1/loads", timeout=HEALTHY_WITHIN)
-        assert r.status_code == 200, r.text
-        body = r.json()
-        return body.get("loads", body) if isinstance(body, dict) else body
-
     end = time.monotonic() + FUZZ_SECONDS
 
     def send(case):
@@ -346,7 +308,7 @@ def test_fuzz_http_api(server, record_property):
         if r.status_code >= 500:
             failures.append((path, body if raw is None else raw, r.status_code, r.text[:300]))
         try:
-            loads()
+            server.loads(timeout=HEALTHY_WITHIN)
         except (requests.RequestException, AssertionError) as e:
             pytest.fail(f"/v1/loads did not answer within {HEALTHY_WITHIN:.0f} s after {path} {body or raw!r}: "
                         f"{e}\n{server.log_tail()}")
@@ -376,7 +338,7 @@ def test_fuzz_http_api(server, record_property):
     # nothing left running or waiting once the answers are in (the last health
     # check's one token may still be on its way)
     for _ in range(10):
-        busy = [(d["num_running_reqs"], d["num_waiting_reqs"]) for d in loads()
+        busy = [(d["num_running_reqs"], d["num_waiting_reqs"]) for d in server.loads(HEALTHY_WITHIN)
                 if d["num_running_reqs"] or d["num_waiting_reqs"]]
         if not busy:
             break

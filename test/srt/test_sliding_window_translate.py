@@ -54,17 +54,10 @@ def problem(bs, window, seed, pool=4096, ctx=300, buf=None):
     return req_to_token, seq_lens, req_pool_indices, indptr, indices
 
 
-@pytest.fixture
-def torch_kernel():
-    saved = triton_backend.create_flashinfer_kv_indices_triton
-    triton_backend.create_flashinfer_kv_indices_triton = _TorchKernel()
-    yield
-    triton_backend.create_flashinfer_kv_indices_triton = saved
-
-
 @pytest.mark.parametrize("bs, window, buf", [(1, 8, None), (5, 16, None), (7, 33, 7 * 33 + 50), (16, 512, 16 * 512)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_same_indices_as_stock_and_stale_tail_kept(torch_kernel, bs, window, buf, seed):
+def test_same_indices_as_stock_and_stale_tail_kept(monkeypatch, bs, window, buf, seed):
+    monkeypatch.setattr(triton_backend, "create_flashinfer_kv_indices_triton", _TorchKernel())
     pool = FakeSWAPool(4096)
     req_to_token, seq_lens, rpi, indptr, indices = problem(bs, window, seed, buf=buf)
     out = triton_backend.update_sliding_window_buffer(

@@ -1,20 +1,13 @@
 """Soak: a few hundred mixed requests against a real server with YOCO on.
 
-`python -m sglang.launch_server` of the tiny Gemma-4 on CPU (fp32, loopback),
-YOCO on, chunked prefill at an odd chunk size (97). The mix: prompts of 1-600
-tokens, some on shared prefixes, input-logprob and hidden-state requests,
-seeded sampling, n = 2, streaming clients that read to the end and streaming
-clients that disconnect after their first chunk, and bad requests (400s)
-interleaved. At the end:
-  * the server is alive and serves;
-  * every good request got exactly one answer, under its own rid;
-  * every good request's output equals the same request on a YOCO-off server
-    (same flags otherwise; greedy outputs: seeded sampling is not seeded alike
-    on two servers without --enable-deterministic-inference, so it is not
-    compared);
-  * /flush_cache succeeds, /v1/loads reads 0 running, 0 waiting, 0 KV tokens
-    used, and the scheduler's own idle check (strict: a leaked KV slot or
-    request slot raises in the scheduler) never fired.
+The tiny Gemma-4 served on CPU, YOCO on, chunked prefill at an odd chunk size. The mix:
+prompts of 1-600 tokens, some on shared prefixes, input-logprob and hidden-state
+requests, seeded sampling, n = 2, streams read to the end or dropped after their first
+chunk, and bad requests (400s). At the end the server serves; every good request got
+one answer under its own rid, equal to the same request on a YOCO-off server (greedy
+ones: seeded sampling is not seeded alike on two servers without deterministic
+inference); /flush_cache succeeds, nothing is running, waiting or holding KV, and the
+scheduler's strict idle check (a leaked KV or request slot raises) never fired.
 """
 
 import json
@@ -160,32 +153,18 @@ def _run(server, plan):
         return [f.result() for f in futures]
 
 
-def _loads(server):
-    r = requests.get(server.url + "/v1/loads", timeout=30)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    loads = body.get("loads", body) if isinstance(body, dict) else body
-    return loads[0] if isinstance(loads, list) else loads
-
-
 @pytest.fixture(scope="module")
-def servers(model_dir, monkeypatch_module):
-    for k, v in STRICT_ENV.items():
-        monkeypatch_module.setenv(k, v)
-    on = ServerProcess(model_dir, COMMON_ARGS + YOCO_ARGS, name="soak-yoco-on")
-    off = ServerProcess(model_dir, COMMON_ARGS, name="soak-yoco-off")
-    try:
-        yield on.wait_ready(), off.wait_ready()
-    finally:
-        on.stop()
-        off.stop()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
+def servers(model_dir):
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in STRICT_ENV.items():
+            mp.setenv(k, v)
+        on = ServerProcess(model_dir, COMMON_ARGS + YOCO_ARGS, name="soak-yoco-on")
+        off = ServerProcess(model_dir, COMMON_ARGS, name="soak-yoco-off")
+        try:
+            yield on.wait_ready(), off.wait_ready()
+        finally:
+            on.stop()
+            off.stop()
 
 
 def test_soak_mixed_requests_yoco_on_equals_off(servers, record_property):
@@ -226,7 +205,7 @@ def test_soak_mixed_requests_yoco_on_equals_off(servers, record_property):
     assert on.alive()
     deadline = time.time() + 60
     while True:
-        load = _loads(on)
+        (load,) = on.loads()
         if load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0:
             break
         assert time.time() < deadline, load
@@ -276,7 +255,7 @@ def test_soak_mixed_requests_yoco_on_equals_off(servers, record_property):
     while (r := requests.post(on.url + "/flush_cache", timeout=60)).status_code != 200:
         assert time.time() < deadline, r.text
         time.sleep(0.5)
-    load = _loads(on)
+    (load,) = on.loads()
     assert load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0, load
     assert load["num_used_tokens"] == 0, load
     log = open(on.log.name, errors="replace").read()

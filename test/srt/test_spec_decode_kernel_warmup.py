@@ -1,19 +1,13 @@
-"""Step spec-decode-kernel-warmup (speculative/spec_decode_kernel_warmup.py): a spec-v2 server
-compiles, at start-up, every specialization of the three Triton kernels whose
-``tl.constexpr`` follows the decode batch size or the step count, instead of
-compiling one mid-serving the first time a batch or a step count reaches it.
+"""Step spec-decode-kernel-warmup (speculative/spec_decode_kernel_warmup.py): a spec-v2
+server compiles at start-up every specialization of the three Triton kernels whose
+``tl.constexpr`` follows the decode batch size or the step count, instead of mid-serving.
 
-The kernels run here under Triton's interpreter, on CPU: what each launch
-passes (grid, dtypes, constexprs, which optional arguments are None, pointer
-alignment) is recorded, and the live ``req_to_token`` it reads must come out
-unchanged. Whether the launches hit the same compiled kernels as a real round
-is a GPU check (the compile log of ``serve_mtp.py --jit-log``, device stage MK).
-
-Works on both bases: the driver launches ``assign_req_to_token_pool``, the
-same on both; the verify-side kernel list is per release
-(``spec_decode_kernel_launches``), decided once below (FUSED_COMMIT).
+The kernels run under Triton's interpreter on CPU: each launch's grid, dtypes,
+constexprs, None arguments and pointer alignment are recorded, and the live
+``req_to_token`` must come out unchanged. Whether they hit the same compiled kernels as
+a real round is a GPU check (``serve_mtp.py --jit-log``, device stage MK). Both bases: the
+verify-side kernel list is per release, decided once below (FUSED_COMMIT).
 """
-
 import types
 
 import pytest
@@ -50,12 +44,14 @@ def test_buckets_are_every_bs_upper_a_batch_reaches(max_bs):
     assert max(warmup.batch_size_buckets(max_bs)) >= max_bs
 
 
-def test_step_configs_cover_every_adaptive_state(monkeypatch):
+def test_warmed_after_the_states_are_built_for_every_state(monkeypatch):
+    seen = []
+    monkeypatch.setattr(eagle_worker_v2, "warm_spec_decode_kernels",
+                        lambda w: seen.append(sorted(w.adaptive_controller._states)))
     for w in build_worker(monkeypatch, frozen_args()):
-        built = sorted(
-            (s, st.speculative_num_draft_tokens)
-            for s, st in w.adaptive_controller._states.items()
-        )
+        assert seen == [DEFAULT_CANDIDATES]  # init_cuda_graphs warms after building them
+        built = sorted((s, st.speculative_num_draft_tokens)
+                       for s, st in w.adaptive_controller._states.items())
         assert warmup.step_configs(w) == built == [(s, s + 1) for s in DEFAULT_CANDIDATES]
 
 
@@ -64,17 +60,6 @@ def test_step_configs_without_adaptive_is_the_fixed_state():
         speculative_num_steps=3, speculative_num_draft_tokens=4, adaptive_controller=None
     )
     assert warmup.step_configs(w) == [(3, 4)]
-
-
-def test_init_cuda_graphs_warms_after_the_states_are_built(monkeypatch):
-    seen = []
-    monkeypatch.setattr(
-        eagle_worker_v2,
-        "warm_spec_decode_kernels",
-        lambda w: seen.append(sorted(w.adaptive_controller._states)),
-    )
-    for _ in build_worker(monkeypatch, frozen_args()):
-        assert seen == [DEFAULT_CANDIDATES]
 
 
 def _describe(a):
@@ -147,11 +132,8 @@ def _of(launched, kernel, key="launches"):
     return [l for l in launched[key] if l["kernel"] == kernel]
 
 
-def test_launches_write_nothing_to_req_to_token(launched):
-    assert launched["unchanged"]
-
-
 def test_every_bs_upper_with_both_out_loc_alignments(launched):
+    assert launched["unchanged"]  # the launches wrote nothing to req_to_token
     rows = _of(launched, "assign_req_to_token_pool")
     seen = set()
     for l in rows:

@@ -2,17 +2,11 @@
 mode of the split-KV verify): a top-1 draft chain verified as decode queries
 attends over the same keys as stock triton's extend-kernel verify.
 
-Triton's real kernels (extend, split-KV decode, index builders, split counts) run
-on CPU through Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are
-defined, hence a fresh process: run this file as a script), in fp32. Requests sit
-below, at and above the sliding window so that the window's first key, the one
-the extend kernel masks per query, is exercised. The split-KV sum rounds
-differently from the extend kernel's walk, so the check is allclose; an
-off-by-one in the keys a draft token sees moves the output by far more.
-
-Works on both bases: what differs (0.5.23 reads KV ids through a KVIndexTranslator
-and the batch's KVLocPlan, sizes the verify from `num_tokens_per_req`, and may pick
-Lean decode) is decided once, by HAS_KV_LOC_PLAN.
+Triton's real kernels run on CPU under Triton's interpreter (a fresh process: this file
+runs itself as a script), in fp32. Requests sit below, at and above the sliding window,
+so the window's first key (the one the extend kernel masks per query) is exercised. The
+split-KV sum rounds differently from the extend kernel's walk, so the check is allclose;
+an off-by-one in the keys moves the output by far more. Both bases (HAS_KV_LOC_PLAN).
 """
 
 import importlib.util

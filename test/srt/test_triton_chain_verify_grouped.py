@@ -2,13 +2,10 @@
 all N draft rows of a request computed per key tile (keys read once a request), under
 Triton's interpreter on CPU (a fresh process: this file runs itself as a script).
 
-Against a plain torch reference: draft row t of a request with a list of L keys sees
-list positions [max(0, hi - window), hi), hi = L - (N - 1 - t). Cases: full layers
-(prefix + draft tokens, one list shorter than a split), sliding layers (union windows of
-window + N - 1 keys, and a request shorter than the window), more rows than one program
-takes (head chunks), a tanh logit cap, attention sinks, fp16, and uneven split counts. Control: the
-reference with a window one key wider is far from the kernel's output, so an off-by-one
-in the rows' bounds would show.
+Against a torch reference: draft row t of a request with L keys sees list positions
+[max(0, hi - window), hi), hi = L - (N - 1 - t). Cases: full and sliding layers, head
+chunks, a tanh logit cap, attention sinks, fp16, uneven split counts. Control: the
+reference with a window one key wider is far off, so an off-by-one in the bounds shows.
 """
 
 import pytest
@@ -103,7 +100,7 @@ if __name__ == "__main__":
 
 
 def _ptxas_spills(fn, sig, const, num_warps, num_stages):
-    """Compile `fn` for sm_90 (no GPU needed), run ptxas -v on it, return its spill lines."""
+    """Compile `fn` for sm_90 (no GPU needed) and assert that ptxas -v reports no spills."""
     import glob
     import os
     import subprocess
@@ -124,7 +121,8 @@ def _ptxas_spills(fn, sig, const, num_warps, num_stages):
                          capture_output=True, text=True)
     os.unlink(f.name)
     assert out.returncode == 0, out.stderr[-2000:]
-    return [l for l in out.stderr.splitlines() if "spill stores" in l]
+    spills = [l for l in out.stderr.splitlines() if "spill stores" in l]
+    assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
 
 
 def _strides(*names):
@@ -142,7 +140,7 @@ def _compile_stage1(D, N, G, page_size=1):
            "logit_cap": "fp32",
            **_strides("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
                       "stride_kp", "stride_vp", "stride_ot", "stride_oh", "stride_os", "stride_lt", "stride_lh")}
-    return _ptxas_spills(m._chain_grouped_stage1, sig, const, num_warps, 2)
+    _ptxas_spills(m._chain_grouped_stage1, sig, const, num_warps, 2)
 
 
 @pytest.mark.parametrize("has_sink", [False, True])
@@ -155,8 +153,7 @@ def test_stage2_compiles_for_sm90(has_sink):
            "num_kv_splits": "*i32", "Sinks": "*bf16" if has_sink else "*fp32",
            **_strides("stride_ot", "stride_oh", "stride_os", "stride_lt", "stride_lh",
                       "stride_out_t", "stride_out_h")}
-    spills = _ptxas_spills(m._chain_grouped_stage2, sig, const, 4, 3)
-    assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
+    _ptxas_spills(m._chain_grouped_stage2, sig, const, 4, 3)
 
 
 @pytest.mark.parametrize("D, N, G, page_size", [(512, 4, 8, 1), (512, 8, 8, 1), (256, 4, 4, 1), (256, 4, 2, 1),
@@ -164,8 +161,7 @@ def test_stage2_compiles_for_sm90(has_sink):
 def test_stage1_compiles_for_sm90_without_spills(D, N, G, page_size):
     """31B full (512, 8 heads a KV head), adaptive 8 draft tokens, E4B / 31B sliding;
     31B full on a page-major KV layout (4-D views, page address math)."""
-    spills = _compile_stage1(D, N, G, page_size)
-    assert spills and all(l.split(",")[1].strip().startswith("0 bytes spill stores") for l in spills), spills
+    _compile_stage1(D, N, G, page_size)
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-decode")

@@ -2,14 +2,11 @@
 bf16 / fp8_e4m3 KV: the chain verify (grouped, and one decode row per draft token)
 attends like stock triton's extend-kernel verify over the same cache.
 
-The backend's real pools (MHATokenToKVPool; PageMajorMHATokenToKVPool, whose per-layer
-K/V are 4-D strided views [pages, page_size, heads, dim]) and Triton's real kernels
-run on CPU under Triton's interpreter (a fresh process per page size: this file runs
-itself as a script). req_to_token comes from random page tables: a request's pages
-are neither contiguous nor in order, so a kernel that reads a slot as anything but
-`req_to_token[req, pos]` (page `table[pos // ps]`, slot `pos % ps` in it) is far off.
-Requests sit below, at and above the sliding window; windows start mid-page and cross
-page boundaries, and one request's draft tokens cross a page boundary.
+The real pools (MHATokenToKVPool; PageMajorMHATokenToKVPool, per-layer 4-D views
+[pages, page_size, heads, dim]) and kernels run under Triton's interpreter (a fresh
+process per page size). req_to_token comes from random page tables, so a kernel that
+reads a slot as anything but `req_to_token[req, pos]` is far off. Windows start mid-page
+and cross page boundaries; one request's draft tokens cross a page boundary.
 
 Which verify runs: bf16 groups by default; an fp8 KV cache keeps one decode row per
 draft token (`chain_verify_grouped`), so that is the fp8 path checked here.
@@ -36,20 +33,14 @@ PREFIX = [5, 62, 90]  # cached tokens per request: below the window; drafts cros
 MAX_CTX = 100  # the first draft token sees WINDOW + 1 keys
 POOL_TOKENS = 2048
 
-# Tolerances. Outputs are O(1) (v ~ N(0, 1)); measured values over page sizes 1/16/64:
-# * bf16 KV: q, K, V and the output are bf16; every kernel accumulates in fp32 but rounds
-#   the probabilities to bf16 before P @ V and the output to bf16 (ulp 2^-7 .. 2^-6 at
-#   |o| 1..4). Chain against stock: max |diff| <= 7.8e-3 (one output ulp); 3e-2 allows
-#   a few. One key too few moves the output by 0.38 (the narrower-window control), a
-#   page read from the wrong place by 0.46-1.9 (the rotated-page-table control).
-# * fp8_e4m3 KV: both kernels cast q and p to e4m3 (3 mantissa bits) for the cached
-#   keys, but stock's extend kernel takes the draft tokens' K/V from its bf16 inputs
-#   while the decode rows read them back from the fp8 cache: the two differ by e4m3
-#   rounding, max |diff| up to 0.27, about stock's own distance to fp32 attention over
-#   the same cache (0.18-0.31). The check is the relative RMS difference (measured
-#   0.05-0.074, bound 0.12) with a loose max bound (0.5): a wrong page moves the
-#   relative RMS by 0.21-0.61, one key too few by less than e4m3 noise (the bf16 cases
-#   check the keys over the same metadata builders).
+# Tolerances (outputs O(1); measured over page sizes 1/16/64):
+# * bf16 KV: kernels round probabilities and output to bf16. Chain against stock: max
+#   |diff| <= 7.8e-3 (one output ulp); 3e-2 allows a few. One key too few moves the
+#   output by 0.38, a page read from the wrong place by 0.46-1.9.
+# * fp8_e4m3 KV: stock's extend kernel takes the draft tokens' K/V from its bf16 inputs,
+#   the decode rows read them back from the fp8 cache: max |diff| up to 0.27, about
+#   stock's own distance to fp32 attention (0.18-0.31). So: relative RMS (measured
+#   0.05-0.074, bound 0.12; a wrong page 0.21-0.61) and a loose max bound (0.5).
 TOL = {"bfloat16": 3e-2, "float8_e4m3fn": 0.5}
 FP8_REL_RMS = 0.12
 CASES = (("nhd", "bfloat16"), ("nhd", "float8_e4m3fn")) + (() if HAS_KV_LOC_PLAN else (("page_major", "bfloat16"),))

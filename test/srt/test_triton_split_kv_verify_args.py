@@ -48,25 +48,17 @@ def test_default_off_and_cli(model):
     assert args.speculative_algorithm == "FROZEN_KV_MTP" and args.speculative_eagle_topk == 1
 
 
-def test_frozen_kv_mtp_on_triton_accepted(model):
-    args = mtp(model)
-    assert args.triton_attention_split_kv_verify and args.speculative_eagle_topk == 1
-
-
-def test_without_speculative_rejected(model):
-    msg = reject(server_args, model("E4B"), kv_sharing_fast_prefill=False, attention_backend="triton",
-                 triton_attention_split_kv_verify=True)
-    assert FLAG in msg and "--speculative-algorithm" in msg
-
-
-def test_deterministic_inference_rejected(model):
-    msg = reject(mtp, model, enable_deterministic_inference=True)
-    assert FLAG in msg and "--enable-deterministic-inference" in msg
-
-
-def test_other_backend_rejected(model):
-    msg = reject(mtp, model, attention_backend="torch_native")
-    assert FLAG in msg and "'torch_native'" in msg and "--attention-backend triton" in msg
+@pytest.mark.parametrize(
+    "change, says",
+    [(dict(speculative_algorithm=None, speculative_draft_model_path=None, speculative_num_steps=None,
+           speculative_eagle_topk=None, speculative_num_draft_tokens=None), ["--speculative-algorithm"]),
+     (dict(enable_deterministic_inference=True), ["--enable-deterministic-inference"]),
+     (dict(attention_backend="torch_native"), ["'torch_native'", "--attention-backend triton"])],
+    ids=["without_speculation", "deterministic", "other_backend"],
+)
+def test_rejected_where_it_cannot_apply(model, change, says):
+    msg = reject(mtp, model, **change)
+    assert FLAG in msg and all(s in msg for s in says), msg
 
 
 def test_draft_tree_rejected(model):
