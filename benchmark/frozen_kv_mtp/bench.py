@@ -15,6 +15,9 @@ step    Decode step time and tok/s per request over batch x context, no speculat
 serve   One E4B server per mode, `sglang.benchmark.serving` chat 1000/1000 at 80 prompts
         (and chat-c8); modes nospec, mtp, mtp-splitkv, ...-mrr80 (80 running requests),
         ...-adaptive (--speculative-adaptive). Writes OUT_DIR/serve_mtp.json and ROW lines.
+        --workloads mturn: multi-turn chats instead (multiturn.py: 8 users, 4 rounds,
+        histories from 2400-3100 tokens growing by each turn and reply, 160 new tokens
+        streamed, radix cache on): per-request decode speed and TTFT.
 kernel  The verify's attention kernel alone (extend, split-KV, grouped chain verify).
 parity  Greedy outputs of FROZEN_KV_MTP with YOCO off and on (mtp_check.py).
 closeness  Greedy outputs of no speculation (nospec), FROZEN_KV_MTP with stock's verify

@@ -23,7 +23,10 @@ to OUT_DIR/trace_MODE_WORKLOAD/ (chrome traces; benchmark/yoco_gemma4/trace_summ
 With --gc-log, each server process logs its Python GC pauses (OUT_DIR/gc_MODE.log, through
 jit_log_site/) and each row gets a `gc` summary of its pass (counts and pause time by
 generation, per process); --freeze-gc calls each server's /freeze_gc after its warm-up.
-YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
+`--workloads mturn`: the reporting user's multi-turn chats instead of bench_serving
+(multiturn.py: 8 users, 4 rounds, histories from 2400-3100 tokens growing by each turn and
+reply, 160 new tokens streamed, radix cache on; --mturn USERS,ROUNDS,NEW sets others);
+its rows give per-request decode speed and TTFT. YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
 """
@@ -40,7 +43,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "yoco_gemma4"))
 from checkpoints import write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
-from run import MTP_ACCEPT_LEN, WARMUP_PROMPTS, WORKLOADS, _server_cmd, concurrency_workloads, log, serve_workloads  # noqa: E402
+from run import MTP_ACCEPT_LEN, WARMUP_PROMPTS, WORKLOADS, _bench, _server_cmd, concurrency_workloads, log, serve_workloads  # noqa: E402
+
+import multiturn  # noqa: E402
+
+
+def mturn_bench(rounds):
+    """A serve_workloads pass: bench_serving, or for "mturn" the multi-turn users (the
+    warm-up, seed 1: one round of each user)."""
+    def bench(model, port, name, inp, outp, prompts, conc, jsonl, seed=0):
+        if name != "mturn":
+            return _bench(model, port, name, inp, outp, prompts, conc, jsonl, seed)
+        rows, errors, wall = multiturn.run(f"http://127.0.0.1:{port}", users=prompts,
+                                           rounds=1 if seed else rounds, new_tokens=outp, seed=seed)
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        with open(jsonl, "a") as f:
+            f.write(json.dumps({"requests": rows}) + "\n")
+        return {"workload": name, "users": prompts, "rounds": 1 if seed else rounds, "new_tokens": outp,
+                **multiturn.summary(rows, wall)}
+    return bench
 
 MODE_FLAGS = {
     "nospec": [],
@@ -167,13 +189,15 @@ def main():
     ap.add_argument("--profile-steps", type=int, default=20)
     ap.add_argument("--profile-cpu", action="store_true",
                     help="record the host too, with Python stacks (slows the host: for where it is late, not how much)")
+    ap.add_argument("--mturn", default="8,4,160", help="USERS,ROUNDS,NEW_TOKENS of --workloads mturn")
     ap.add_argument("--server-extra", default="{}",
                     help='JSON of engine kwargs for every server, e.g. \'{"log_level": "info"}\' (prefill batches in the log)')
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model = make_checkpoint(f"{a.out}/ckpt-{a.variant}", a.variant)
     draft = write_assistant_checkpoint(f"{a.out}/ckpt-{a.variant}-assistant", None)
-    known = list(WORKLOADS) + concurrency_workloads()
+    users, rounds, new = map(int, a.mturn.split(","))
+    known = list(WORKLOADS) + concurrency_workloads() + [("mturn", 3100, new, users, users)]
     workloads = [w for w in known if w[0] in a.workloads.split(",")]
     rows = []
     for i, mode in enumerate(a.modes.split(",")):
@@ -209,7 +233,7 @@ def main():
                 profile_later(port, os.path.abspath(f"{a.out}/trace_{mode}_{name}"), a.profile_at, a.profile_steps,
                               running, a.profile_cpu)
         for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode,
-                                 not a.no_warmup, a.warmup_prompts, on_measured):
+                                 not a.no_warmup, a.warmup_prompts, on_measured, mturn_bench(rounds)):
             r.pop("ttfts_ms", None)
             if a.gc_log:
                 r["gc"] = gc_summary(env["BENCH_GC_LOG"], r["started_unix"], r["ended_unix"])

@@ -174,10 +174,12 @@ def run_serving(out, variant, quick, tp, mtp=False, only=None, port_base=30000, 
 
 
 def serve_workloads(cmd, env, port, model, workloads, jsonl, label, mode, warmup=True, warmup_prompts=WARMUP_PROMPTS,
-                    on_measured=None):
+                    on_measured=None, bench=None):
     """Start one server, run each workload against it in turn, stop it; rows tagged `mode`.
     With `warmup`, every workload first runs once unmeasured, small (see the docstring).
-    `on_measured(name)`, if given, is called as each measured pass starts (e.g. to profile it)."""
+    `on_measured(name)`, if given, is called as each measured pass starts (e.g. to profile it).
+    `bench`: what runs a pass (default `_bench`, bench_serving), with `_bench`'s arguments."""
+    _bench = bench or globals()["_bench"]
     proc = subprocess.Popen(cmd, env=env)
     rows = []
     try:
