@@ -129,7 +129,11 @@ class KVSharedBackHalf:
         if first is None:
             return None
         return cls(
-            layers, first, end_layer, config.hidden_size, per_layer_input_dim or 0,
+            layers,
+            first,
+            end_layer,
+            config.hidden_size,
+            per_layer_input_dim or 0,
             **layout,
         )
 
@@ -301,7 +305,9 @@ class EagerBackHalfPlan(FastPrefillPlan):
     batch: ForwardBatch
 
     def _back_half(self, forward_batch, hidden_states, per_layer_inputs):
-        rows = gather_rows(hidden_states, self.rows.token_index, self.back_half.token_dim)
+        rows = gather_rows(
+            hidden_states, self.rows.token_index, self.back_half.token_dim
+        )
         with self.attention.active():
             return self.back_half.forward(self.batch, rows, per_layer_inputs)
 

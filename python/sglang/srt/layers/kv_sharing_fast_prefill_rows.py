@@ -22,12 +22,16 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
 
 
-def bind_back_half_backend(model_runner: ModelRunner, backend: AttentionBackend) -> None:
+def bind_back_half_backend(
+    model_runner: ModelRunner, backend: AttentionBackend
+) -> None:
     """Bind the back half's own backend to the runner's state: its
     construction already did, nothing else is bound to a backend here."""
 
 
-def bind_back_half_batch(backend: AttentionBackend, forward_batch: ForwardBatch) -> None:
+def bind_back_half_batch(
+    backend: AttentionBackend, forward_batch: ForwardBatch
+) -> None:
     """Make ``forward_batch`` (the back half's) read its own requests' KV: it
     already does, nothing else is bound to a batch here."""
 
@@ -45,6 +49,8 @@ def call_layer(layer, **kwargs) -> torch.Tensor:
     return hidden_states
 
 
-def back_half_output(hidden_states: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+def back_half_output(
+    hidden_states: torch.Tensor, forward_batch: ForwardBatch
+) -> torch.Tensor:
     """The pass's hidden states once the back half's rows are back: as they are."""
     return hidden_states

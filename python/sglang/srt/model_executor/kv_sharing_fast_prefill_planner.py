@@ -30,14 +30,14 @@ from sglang.srt.layers.kv_sharing_fast_prefill import (
     find_kv_shared_back_half,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.runner.kv_shared_back_half_graph_runner import (
+    KVSharedBackHalfGraphRunner,
+)
 from sglang.srt.runtime_context import (
     get_exec,
     get_observability,
     get_parallel,
     get_serving,
-)
-from sglang.srt.model_executor.runner.kv_shared_back_half_graph_runner import (
-    KVSharedBackHalfGraphRunner,
 )
 
 if TYPE_CHECKING:
@@ -136,7 +136,9 @@ class KVSharingFastPrefillPlanner:
         if reason is not None:
             if forward_batch.forward_mode in _PREFILL_MODES:
                 self._count("full", reason)
-                logger.debug("KV-sharing fast prefill: full pass (%s)", SKIP_REASONS[reason])
+                logger.debug(
+                    "KV-sharing fast prefill: full pass (%s)", SKIP_REASONS[reason]
+                )
             return None
         rows = back_half_rows(forward_batch, self.back_half.first_layer)
         # A pass whose only request is an unfinished chunk runs no back half.

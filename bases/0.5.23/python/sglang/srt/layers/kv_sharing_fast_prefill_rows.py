@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 import torch
-
 from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
 if TYPE_CHECKING:
@@ -24,13 +23,17 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
 
 
-def bind_back_half_backend(model_runner: ModelRunner, backend: AttentionBackend) -> None:
+def bind_back_half_backend(
+    model_runner: ModelRunner, backend: AttentionBackend
+) -> None:
     """Make the back half's own backend carry the runner's translator, as the
     runner's backends do (the model's layers read it off the forward's backend)."""
     model_runner.kv_index_translator.bind_and_verify_backends([backend])
 
 
-def bind_back_half_batch(backend: AttentionBackend, forward_batch: ForwardBatch) -> None:
+def bind_back_half_batch(
+    backend: AttentionBackend, forward_batch: ForwardBatch
+) -> None:
     """Make ``forward_batch`` (the back half's) read its own requests' KV: a
     plan over its own rows and lengths, its write ids used as they are (the
     back half writes no KV)."""
@@ -57,7 +60,9 @@ def call_layer(layer, **kwargs) -> torch.Tensor:
     return layer(**kwargs)
 
 
-def back_half_output(hidden_states: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+def back_half_output(
+    hidden_states: torch.Tensor, forward_batch: ForwardBatch
+) -> torch.Tensor:
     """The pass's hidden states once the back half's rows are back: a new
     tensor, which the pass's stream holds as written, as the last layer would
     have left it."""
