@@ -293,7 +293,7 @@ def stream_back_half(streams):
     return yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE, streams=streams, layer_call=call)
 
 
-def _hidden(streams, n_tok, seed):
+def stream_rows(streams, n_tok, seed):
     g = torch.Generator().manual_seed(seed)
     shape = (streams, n_tok, HIDDEN) if streams else (n_tok, HIDDEN)
     return torch.randn(*shape, generator=g, dtype=torch.float64), torch.randn(
@@ -314,7 +314,7 @@ def test_the_back_half_runs_each_finishing_requests_last_token_with_its_per_laye
     back_half = stream_back_half(streams)
     plan = planner(yoco.BackHalfAttention(back_half_backend_of(be)), back_half=back_half).plan(fb)
     n_tok = sum(fb.extend_seq_lens_cpu)
-    hidden, ple = _hidden(streams, n_tok, 0)
+    hidden, ple = stream_rows(streams, n_tok, 0)
     with forward_context(ForwardContext(attn_backend=be)):
         got = plan.run(fb, hidden, ple)
     rows, dim = plan.rows.token_index, back_half.token_dim
@@ -334,60 +334,6 @@ def test_the_back_half_runs_each_finishing_requests_last_token_with_its_per_laye
     if "residual_stream" in batch_before:
         fb.residual_stream = batch_before["residual_stream"][0]
     assert_same_batch(fb, batch_before)
-
-
-class EagerReplay:
-    """Stands in for a CUDA graph: replay reruns the captured function."""
-
-    def __init__(self, graphs, bs):
-        self.graphs, self.bs = graphs, bs
-
-    def replay(self):
-        g = self.graphs
-        g.outputs[self.bs].copy_(g._forward(self.bs, g.batches[self.bs]))
-
-
-class FakeGraphBackend:
-    kv_index_translator = None
-
-    def get_cuda_graph_seq_len_fill_value(self):
-        return 1
-
-    def back_half_is_extend(self):
-        return False
-
-    def init_forward_metadata_out_graph(self, fb, in_capture=False):
-        pass
-
-
-@pytest.mark.stack("yoco-model", step="back-half-cuda-graphs", fails_before=True)
-@pytest.mark.parametrize("streams", [0, 3])
-@pytest.mark.parametrize("reqs", [[(5, 0)], [(3, 2), (9, 0), (4, 7)], [(2, 0)] * 5])
-def test_a_graph_plan_replays_what_the_eager_plan_runs(streams, reqs):
-    """The back half's graphs (captured where the planner found them) stage
-    the rows along the token dimension into buffers sized by the declared
-    streams, and return what the eager back half computes."""
-    from sglang.srt.model_executor.runner import kv_shared_back_half_graph_runner as kr
-
-    back_half = stream_back_half(streams)
-    graphs = kr.KVSharedBackHalfGraphRunner(
-        back_half, yoco.BackHalfAttention(FakeGraphBackend()), [1, 2, 4, 8], torch.float64, "cpu")
-    shape = (streams, 8, HIDDEN) if streams else (8, HIDDEN)
-    assert graphs.hidden.shape == shape
-    for bs in graphs.capture_bs:  # what capture() records, without a GPU
-        graphs.batches[bs] = graphs._batch(bs)
-        graphs.outputs[bs] = torch.zeros(*graphs._rows(graphs.hidden, bs).shape, dtype=torch.float64)
-        graphs.graphs[bs] = EagerReplay(graphs, bs)
-    graphs.hidden.fill_(7.0)  # stale rows of an earlier pass must not leak
-
-    fb = make_batch([e for e, _ in reqs], [p for _, p in reqs])
-    hidden, ple = _hidden(streams, sum(fb.extend_seq_lens_cpu), len(reqs))
-    eager = planner(back_half=back_half).plan(fb)
-    graphed = planner(back_half=back_half)
-    graphed.graphs = graphs
-    plan = graphed.plan(fb)
-    assert isinstance(plan, kr.GraphBackHalfPlan) and plan.graphs is graphs
-    assert torch.equal(plan.run(fb, hidden, ple), eager.run(fb, hidden, ple))
 
 
 # ---------------------------------------------------------------- backends' shapes

@@ -23,7 +23,7 @@ from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixtu
     make_torch_native_backend,
     make_triton_backend,
 )
-from test_kv_sharing_fast_prefill import FIRST_SHARED, planner
+from test_kv_sharing_fast_prefill import FIRST_SHARED, planner, stream_back_half, stream_rows
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -89,9 +89,11 @@ def back_half(layers=None):
     return yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE)
 
 
-def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None):
+def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None, declared=None):
+    """Graphs of ``declared`` (default: back_half(layers)), as capture() records them,
+    without a GPU."""
     g = kr.KVSharedBackHalfGraphRunner(
-        back_half(layers),
+        declared or back_half(layers),
         yoco.BackHalfAttention(backend or FakeBackend()),
         list(capture_bs),
         torch.float64,
@@ -99,7 +101,7 @@ def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None):
     )
     for bs in g.capture_bs:  # what capture() records, without a GPU
         g.batches[bs] = g._batch(bs)
-        g.outputs[bs] = torch.zeros(bs, HIDDEN, dtype=torch.float64)
+        g.outputs[bs] = torch.zeros_like(g._rows(g.hidden, bs))
         g.graphs[bs] = EagerReplay(g, bs)
     return g
 
@@ -346,3 +348,25 @@ def test_the_planner_captures_where_start_up_decided(monkeypatch, decided):
     assert (p.graphs is not None) == decided and made == ([(4, 4)] if decided else [])
     plan = p.plan(make_batch([5, 3]))
     assert isinstance(plan, kr.GraphBackHalfPlan if decided else yoco.EagerBackHalfPlan)
+
+
+@pytest.mark.stack("yoco-model", step="back-half-cuda-graphs", fails_before=True)
+@pytest.mark.parametrize("streams", [0, 3])
+@pytest.mark.parametrize("reqs", [[(5, 0)], [(3, 2), (9, 0), (4, 7)], [(2, 0)] * 5])
+def test_a_graph_plan_replays_what_the_eager_plan_runs(streams, reqs):
+    """The back half's graphs (captured where the planner found them) stage
+    the rows along the token dimension into buffers sized by the declared
+    streams, and return what the eager back half computes."""
+    declared = stream_back_half(streams)
+    graphs = make_graphs(declared=declared)
+    assert graphs.hidden.shape == ((streams,) if streams else ()) + (8, declared.hidden_size)
+    graphs.hidden.fill_(7.0)  # stale rows of an earlier pass must not leak
+
+    fb = make_batch([e for e, _ in reqs], [p for _, p in reqs])
+    hidden, ple = stream_rows(streams, sum(fb.extend_seq_lens_cpu), len(reqs))
+    eager = planner(back_half=declared).plan(fb)
+    graphed = planner(back_half=declared)
+    graphed.graphs = graphs
+    plan = graphed.plan(fb)
+    assert isinstance(plan, kr.GraphBackHalfPlan) and plan.graphs is graphs
+    assert torch.equal(plan.run(fb, hidden, ple), eager.run(fb, hidden, ple))
