@@ -35,7 +35,6 @@ back half writes nothing.
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import (
@@ -68,8 +67,6 @@ from sglang.srt.model_executor.forward_context import (
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.model_executor.model_runner import ModelRunner
-
-logger = logging.getLogger(__name__)
 
 
 def first_kv_shared_layer(config) -> Optional[int]:
