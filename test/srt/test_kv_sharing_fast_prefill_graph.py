@@ -119,13 +119,10 @@ def test_a_pass_replays_the_smallest_graph_that_holds_its_rows():
         fb = make_batch([3] * n)
         rows = yoco.back_half_rows(fb, FIRST_SHARED)
         g.backend.calls.clear()
-        g.replay(
-            rows,
-            fb,
-            torch.zeros(3 * n, HIDDEN, dtype=torch.float64),
-            torch.zeros(n, END - FIRST_SHARED, PLE, dtype=torch.float64),
-        )
-        assert g.backend.calls[-1][0] == bs
+        plan = g.plan(rows, fb)
+        assert plan.bs == bs and g.backend.calls[-1][0] == bs
+        ple = torch.zeros(3 * n, END, PLE, dtype=torch.float64)
+        assert plan.run(fb, torch.zeros(3 * n, HIDDEN, dtype=torch.float64), ple).shape == (3 * n, HIDDEN)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -164,16 +161,17 @@ def test_graph_replay_equals_the_eager_back_half(reqs):
     if eager.num_reqs > graphs.max_bs:  # more rows than the largest graph: eager
         assert isinstance(plan, yoco.EagerBackHalfPlan)
         return
-    # nothing built before the front half: the graph stages its rows at back-half time
+    # planning staged the bucket's geometry before the front half: padded with
+    # one-token rows of slot 0; the split then only gathers the hidden rows
     assert isinstance(plan, kr.GraphBackHalfPlan) and plan.graphs is graphs
-    assert torch.equal(plan.run(fb, hidden, ple), want)
-
-    # the replay ran the bucket's graph over padded geometry: one-token rows of slot 0
     n = plan.num_reqs
     bs = next(b for b in graphs.capture_bs if b >= n)
     seq = list(plan.rows.seq_lens_cpu)
-    assert graphs.backend.calls[-1] == (bs, seq + [1] * (bs - n), sum(seq) + bs - n, False)
+    staged = (bs, seq + [1] * (bs - n), sum(seq) + bs - n, False)
+    assert plan.bs == bs and graphs.backend.calls[-1] == staged
     assert graphs.req_pool_indices[n:bs].tolist() == [0] * (bs - n)
+    assert torch.equal(plan.run(fb, hidden, ple), want)
+    assert graphs.backend.calls[-1] == staged  # not staged again at the split
 
 
 @settings(max_examples=30, deadline=None)
@@ -205,10 +203,7 @@ def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
     n = back.batch_size
     bs = next(b for b in graphs.capture_bs if b >= n)
     graph_be.init_forward_metadata_out_graph(graphs.batches[bs], in_capture=True)
-    plan = graphs.plan(rows)
-    hidden = torch.zeros(sum(ext), HIDDEN, dtype=torch.float64)
-    ple = torch.zeros(sum(ext), END, PLE, dtype=torch.float64)
-    plan.run(fb, hidden, ple)  # stages, replays
+    graphs.plan(rows, fb)  # stages the rows' metadata
     got = graph_be.forward_metadata
 
     for indptr, indices in (("kv_indptr", "kv_indices"), ("window_kv_indptr", "window_kv_indices")):

@@ -151,7 +151,7 @@ class KVSharingFastPrefillPlanner:
         if rows.num_reqs == 0:
             return FrontOnlyPlan(rows, self.back_half)
         if self.graphs is not None and self.graphs.can_run(rows.num_reqs):
-            return self.graphs.plan(rows)
+            return self.graphs.plan(rows, forward_batch)
         return EagerBackHalfPlan(
             rows,
             self.back_half,

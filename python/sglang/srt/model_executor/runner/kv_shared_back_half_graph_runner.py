@@ -178,60 +178,64 @@ class KVSharedBackHalfGraphRunner:
     def can_run(self, num_reqs: int) -> bool:
         return num_reqs <= self.max_bs
 
-    def plan(self, rows: BackHalfRows) -> GraphBackHalfPlan:
-        return GraphBackHalfPlan(rows, self.back_half, self)
-
-    def replay(
-        self,
-        plan_rows: BackHalfRows,
-        src: ForwardBatch,
-        hidden_states: torch.Tensor,
-        per_layer_inputs: Optional[torch.Tensor],
-    ) -> torch.Tensor:
-        """The back half on ``plan_rows`` of pass ``src`` (``hidden_states``:
-        the pass's; ``per_layer_inputs``: the rows'), by the graph of its size.
-        Only this runner's buffers and backend are written."""
-        n = plan_rows.num_reqs
+    def plan(self, rows: BackHalfRows, src: ForwardBatch) -> GraphBackHalfPlan:
+        """A plan on ``rows`` of pass ``src`` (read only). Stages now, before
+        the front half is launched, what the rows' geometry decides: the
+        graph's position, slot, length and cache-location buffers and its
+        backend's metadata. The back half then only gathers its hidden rows
+        and replays. The staged buffers hold one plan: the model runner runs
+        each pass's plan before it plans the next."""
+        n = rows.num_reqs
         bs = BaseCudaGraphRunner._pad_to_bucket(n, self.capture_bs)
-        rows, reqs = plan_rows.token_index, plan_rows.req_index
-        if self.token_dim == 0:
-            torch.index_select(hidden_states, 0, rows, out=self.hidden[:n])
-        else:  # the buffer's first n rows of each stream are not contiguous
-            self._rows(self.hidden, n).copy_(
-                hidden_states.index_select(self.token_dim, rows)
-            )
-        if self.ple is not None:
-            self.ple[:n].copy_(per_layer_inputs)
+        tokens, reqs = rows.token_index, rows.req_index
         # Each kept request's last token: a decode step's geometry.
-        self.positions[:n].copy_(src.positions.index_select(0, rows))
+        self.positions[:n].copy_(src.positions.index_select(0, tokens))
         self.req_pool_indices[:n].copy_(src.req_pool_indices.index_select(0, reqs))
         self.seq_lens[:n].copy_(src.seq_lens.index_select(0, reqs))
-        self.out_cache_loc[:n].copy_(src.out_cache_loc.index_select(0, rows))
+        self.out_cache_loc[:n].copy_(src.out_cache_loc.index_select(0, tokens))
         pad = bs - n
         if pad:  # padding rows: a one-token sequence of request slot 0
             self.req_pool_indices[n:bs].zero_()
             self.seq_lens[n:bs].fill_(self.seq_len_fill)
             self.positions[n:bs].zero_()
         fb = self.batches[bs]
-        seq_cpu: List[int] = list(plan_rows.seq_lens_cpu) + [self.seq_len_fill] * pad
+        seq_cpu: List[int] = list(rows.seq_lens_cpu) + [self.seq_len_fill] * pad
         fb.seq_lens_sum = sum(seq_cpu)
         fb.seq_lens_cpu = torch.tensor(seq_cpu, dtype=torch.int64)
         bind_back_half_batch(self.backend, fb)  # this pass's rows
         self.backend.init_forward_metadata_out_graph(fb, in_capture=False)
+        return GraphBackHalfPlan(rows, self.back_half, self, bs)
+
+    def replay(
+        self,
+        bs: int,
+        rows: BackHalfRows,
+        hidden_states: torch.Tensor,
+        per_layer_inputs: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """The back half on ``rows`` (``hidden_states``: the pass's;
+        ``per_layer_inputs``: the rows') by the graph of size ``bs``, staged by
+        ``plan``. Only this runner's buffers are written."""
+        n = rows.num_reqs
+        if self.token_dim == 0:
+            torch.index_select(hidden_states, 0, rows.token_index, out=self.hidden[:n])
+        else:  # the buffer's first n rows of each stream are not contiguous
+            self._rows(self.hidden, n).copy_(
+                hidden_states.index_select(self.token_dim, rows.token_index)
+            )
+        if self.ple is not None:
+            self.ple[:n].copy_(per_layer_inputs)
         self.graphs[bs].replay()
         return self._rows(self.outputs[bs], n)
 
 
 @dataclass(frozen=True)
 class GraphBackHalfPlan(FastPrefillPlan):
-    """The back half replayed from ``graphs``, which stage the rows from the
-    pass's batch (read only) when the back half starts (the host runs ahead of
-    the GPU there), not before layer 0."""
+    """The back half replayed from ``graphs`` at batch size ``bs``, its
+    geometry and metadata staged when the pass was planned."""
 
     graphs: KVSharedBackHalfGraphRunner
+    bs: int
 
     def _back_half(self, forward_batch, hidden_states, per_layer_inputs):
-        # Gathers straight into the graph's input buffer.
-        return self.graphs.replay(
-            self.rows, forward_batch, hidden_states, per_layer_inputs
-        )
+        return self.graphs.replay(self.bs, self.rows, hidden_states, per_layer_inputs)
