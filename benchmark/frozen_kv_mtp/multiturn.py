@@ -37,12 +37,13 @@ def turn(vocab, n, seed):
 
 
 def stream_generate(url, input_ids, new_tokens, timeout=600):
-    """(reply ids, send time, first and last token times) of one streamed /generate."""
+    """(reply ids, send time, first and last token times, verify rounds or None) of one
+    streamed /generate (the rounds: speculative decoding's `spec_verify_ct`)."""
     body = {"input_ids": input_ids, "stream": True,
             "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}}
     req = urllib.request.Request(url + "/generate", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
-    sent, first, last, ids = time.perf_counter(), None, None, []
+    sent, first, last, ids, verify_ct = time.perf_counter(), None, None, [], None
     with urllib.request.urlopen(req, timeout=timeout) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -50,14 +51,16 @@ def stream_generate(url, input_ids, new_tokens, timeout=600):
                 continue
             event = json.loads(line[5:])
             out = event.get("output_ids") or []
-            done = event.get("meta_info", {}).get("completion_tokens", len(ids) + len(out))
+            meta = event.get("meta_info", {})
+            done = meta.get("completion_tokens", len(ids) + len(out))
+            verify_ct = meta.get("spec_verify_ct", verify_ct)
             # cumulative or incremental output ids, as the server streams them
             ids = list(out) if len(out) == done else ids + list(out)
             if ids:
                 now = time.perf_counter()
                 first = first if first is not None else now
                 last = now
-    return ids, sent, first, last
+    return ids, sent, first, last, verify_ct
 
 
 def run(url, users=8, rounds=4, context=(2400, 3100), turn_tokens=40, new_tokens=160,
@@ -70,12 +73,13 @@ def run(url, users=8, rounds=4, context=(2400, 3100), turn_tokens=40, new_tokens
         try:
             for k in range(rounds):
                 chats[u] += turn(vocab, turn_tokens, seed * 1000003 + u * 101 + k)
-                reply, sent, first, last = stream_generate(url, chats[u], new_tokens)
+                reply, sent, first, last, verify_ct = stream_generate(url, chats[u], new_tokens)
                 n = len(reply)
                 decode = (n - 1) / (last - first) if n > 1 and last > first else None
                 with lock:
                     rows.append({"user": u, "round": k, "prompt_len": len(chats[u]), "new_tokens": n,
-                                 "ttft_s": round(first - sent, 4), "decode_tok_s": decode})
+                                 "ttft_s": round(first - sent, 4), "decode_tok_s": decode,
+                                 "spec_verify_ct": verify_ct})
                 chats[u] += reply
         except Exception as e:  # one user's failure is reported, not hidden
             with lock:
@@ -95,12 +99,15 @@ def summary(rows, wall_s):
     speeds = sorted(r["decode_tok_s"] for r in rows if r["decode_tok_s"])
     ttfts = sorted(r["ttft_s"] for r in rows)
     pick = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None  # noqa: E731
+    verified = [r for r in rows if r.get("spec_verify_ct")]  # tokens per verify round, as the server's
     return {"requests": len(rows), "wall_s": round(wall_s, 2),
             "decode_tok_s_per_request_median": statistics.median(speeds) if speeds else None,
             "decode_tok_s_per_request_p10": pick(speeds, 0.1),
             "ttft_s_median": statistics.median(ttfts) if ttfts else None,
             "ttft_s_p90": pick(ttfts, 0.9),
-            "prompt_len_max": max((r["prompt_len"] for r in rows), default=0)}
+            "prompt_len_max": max((r["prompt_len"] for r in rows), default=0),
+            "accept_len": (round(sum(r["new_tokens"] for r in verified) / sum(r["spec_verify_ct"] for r in verified), 3)
+                           if verified else None)}
 
 
 def main(argv=None):

@@ -26,7 +26,12 @@ generation, per process); --freeze-gc calls each server's /freeze_gc after its w
 `--workloads mturn`: the reporting user's multi-turn chats instead of bench_serving
 (multiturn.py: 8 users, 4 rounds, histories from 2400-3100 tokens growing by each turn and
 reply, 160 new tokens streamed, radix cache on; --mturn USERS,ROUNDS,NEW sets others);
-its rows give per-request decode speed and TTFT. YOCO is off throughout. Each server serves every workload once unmeasured first (run.py's
+its rows give per-request decode speed and TTFT. YOCO is off throughout.
+`--variant 31b|31b-w8a8|26b-a4b`: targets without KV sharing (checkpoints.py; the assistant
+widened to the target). `--stock-flags`: served as the reporting user serves, `launch_server`
+with the dummy weights, `--page-size` (64) and, in MTP modes, the assistant; every other
+flag at its default (no MODE_FLAGS, no benchmark engine settings). A mode ending in `-real`
+leaves acceptance to the seeded drafter (no SGLANG_SIMULATE_ACC_LEN). Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
 """
@@ -41,11 +46,21 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "yoco_gemma4"))
-from checkpoints import write_assistant_checkpoint  # noqa: E402
+from checkpoints import text_config, write_assistant_checkpoint  # noqa: E402
 from make_checkpoint import make_checkpoint  # noqa: E402
 from run import MTP_ACCEPT_LEN, WARMUP_PROMPTS, WORKLOADS, _bench, _server_cmd, concurrency_workloads, log, serve_workloads  # noqa: E402
 
 import multiturn  # noqa: E402
+
+
+def stock_server_cmd(model, port, draft, page_size):
+    """launch_server at its defaults but for the weights, page size and assistant."""
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
+           "--load-format", "dummy", "--page-size", str(page_size)]
+    if draft:
+        cmd += ["--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", draft,
+                "--speculative-draft-load-format", "dummy"]
+    return cmd
 
 
 def mturn_bench(rounds):
@@ -190,19 +205,23 @@ def main():
     ap.add_argument("--profile-cpu", action="store_true",
                     help="record the host too, with Python stacks (slows the host: for where it is late, not how much)")
     ap.add_argument("--mturn", default="8,4,160", help="USERS,ROUNDS,NEW_TOKENS of --workloads mturn")
+    ap.add_argument("--stock-flags", action="store_true",
+                    help="launch_server defaults but for --page-size and the assistant (see above)")
+    ap.add_argument("--page-size", type=int, default=64, help="with --stock-flags")
     ap.add_argument("--server-extra", default="{}",
                     help='JSON of engine kwargs for every server, e.g. \'{"log_level": "info"}\' (prefill batches in the log)')
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model = make_checkpoint(f"{a.out}/ckpt-{a.variant}", a.variant)
-    draft = write_assistant_checkpoint(f"{a.out}/ckpt-{a.variant}-assistant", None)
+    draft = write_assistant_checkpoint(f"{a.out}/ckpt-{a.variant}-assistant",
+                                       None if a.variant == "e4b" else text_config(a.variant))
     users, rounds, new = map(int, a.mturn.split(","))
     known = list(WORKLOADS) + concurrency_workloads() + [("mturn", 3100, new, users, users)]
     workloads = [w for w in known if w[0] in a.workloads.split(",")]
     rows = []
     for i, mode in enumerate(a.modes.split(",")):
         env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
-        if mode != "nospec":
+        if mode != "nospec" and not mode.endswith("-real"):
             env["SGLANG_SIMULATE_ACC_LEN"] = a.accept_len
         if a.fresh_triton_cache:
             env["TRITON_CACHE_DIR"] = os.path.abspath(f"{a.out}/triton_cache_{i}_{mode}")
@@ -218,8 +237,11 @@ def main():
         if a.no_kernel_warmup and mode != "nospec":
             env["BENCH_SKIP_SPEC_KERNEL_WARMUP"] = "1"
         port = a.port + i
-        cmd = _server_cmd(model, port, False, 1, None if mode == "nospec" else draft,
-                          **json.loads(a.server_extra)) + MODE_FLAGS[mode]
+        if a.stock_flags:
+            cmd = stock_server_cmd(model, port, None if mode == "nospec" else draft, a.page_size)
+        else:
+            cmd = _server_cmd(model, port, False, 1, None if mode == "nospec" else draft,
+                              **json.loads(a.server_extra)) + MODE_FLAGS[mode.removesuffix("-real")]
         if mode.endswith("adaptive1"):
             cmd += adaptive1_config(a.out)
         log(f"serve_mtp: starting server, mode {mode}")

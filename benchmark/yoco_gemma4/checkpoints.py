@@ -17,12 +17,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # are in configs/gemma-3n.md).
 RELEASED = {"e4b": "gemma-4-E4B-it", "e2b": "gemma-4-E2B-it",
             "3n-e4b": "gemma-3n-E4B-it", "3n-e2b": "gemma-3n-E2B-it"}
+# Targets without KV sharing, for FROZEN_KV_MTP (serve_mtp.py): dense and MoE.
+OTHER = {"31b": "gemma-4-31B-it", "26b-a4b": "gemma-4-26B-A4B-it"}
+# '<model>-w8a8': the model as a compressed-tensors W8A8 INT8 checkpoint (int8 weights
+# per output channel, int8 activations per token, dynamic), every linear layer of the
+# decoder quantized, as llm-compressor's W8A8 recipe writes it (lm_head, tied, not).
+W8A8 = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                    "dynamic": False},
+        "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
+                              "strategy": "token", "dynamic": True},
+    }},
+    "ignore": ["lm_head"],
+}
 # Per-layer lists of a config, cut with the layers for a ceiling variant.
 PER_LAYER_KEYS = ("layer_types", "intermediate_size", "activation_sparsity_pattern")
 
 
 def text_config(variant: str) -> dict:
-    """'e4b', 'e2b', '3n-e4b', '3n-e2b' (Gemma-3n), or '<model>-front' (its layers before
+    """'e4b', 'e2b', '3n-e4b', '3n-e2b' (Gemma-3n), '31b', '26b-a4b' (no KV sharing), '31b-w8a8'
+    (W8A8, see W8A8), or '<model>-front' (its layers before
     the first KV-shared one, no KV sharing: the cut model, see ceiling_variant; 'e4b-front24'
     is accepted as the old name). 'tiny' and 'tiny-3n' are the CPU test models, for dry
     runs of these scripts."""
@@ -36,9 +54,12 @@ def text_config(variant: str) -> dict:
             from tiny_gemma import GEMMA4_TEXT_CONFIG as TINY_TEXT_CONFIG
 
         return copy.deepcopy(TINY_TEXT_CONFIG)
-    model = variant.split("-front")[0]
-    with open(os.path.join(HERE, "configs", f"{RELEASED[model]}.text_config.json")) as f:
+    model = variant.split("-front")[0].removesuffix("-w8a8")
+    name = RELEASED.get(model) or OTHER[model]
+    with open(os.path.join(HERE, "configs", f"{name}.text_config.json")) as f:
         cfg = copy.deepcopy(json.load(f)["text_config"])
+    if variant.endswith("-w8a8"):
+        cfg["quantization_config"] = copy.deepcopy(W8A8)
     if "-front" in variant:
         n = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
         cfg["num_hidden_layers"] = n

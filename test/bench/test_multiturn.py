@@ -34,7 +34,8 @@ def stand_in(cumulative):
             reply = [len(ids) + i for i in range(n)]
             for k in range(1, n + 1):
                 out = reply[:k] if cumulative else reply[k - 1:k]
-                event = {"output_ids": out, "meta_info": {"completion_tokens": k}}
+                # a speculative server: 2 tokens per verify round after the first token
+                event = {"output_ids": out, "meta_info": {"completion_tokens": k, "spec_verify_ct": k // 2}}
                 self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
@@ -70,6 +71,7 @@ def test_each_user_resends_its_growing_history(cumulative, tmp_path):
     s = out["summary"]
     assert s["requests"] == 9 and s["decode_tok_s_per_request_median"] > 0
     assert s["prompt_len_max"] == max(len(p) for p in seen)
+    assert s["accept_len"] == 2.5  # 5 tokens over the last event's 2 verify rounds
 
 
 def test_a_failing_user_is_reported(tmp_path):

@@ -171,3 +171,34 @@ def test_served_benchmark_passes_start_from_an_empty_prefix_cache(tmp_path, monk
     monkeypatch.setattr(run.subprocess, "run", fake_run)
     row = run._bench("m", 0, "chat", 10, 16, 8, None, str(jsonl))
     assert "--flush-cache" in cmds[0] and row["completed"] == 1
+
+
+def test_serve_mtp_serves_the_users_targets_at_stock_flags(tmp_path, monkeypatch):
+    """--variant 31b-w8a8 --stock-flags: a compressed-tensors checkpoint that SGLang reads as
+    its W8A8 INT8 scheme (dynamic per-token int8 activations), an assistant widened to it,
+    servers at launch_server's defaults but for the page size and the assistant, and
+    simulated acceptance only where the mode does not end in -real."""
+    import json
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmark", "frozen_kv_mtp"))
+    import serve_mtp
+    from compressed_tensors.quantization import QuantizationArgs
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+
+    runs = []
+    monkeypatch.setattr(serve_mtp, "serve_workloads", lambda cmd, env, *a, **k: runs.append((cmd, env)) or [])
+    monkeypatch.setattr(sys, "argv", ["serve_mtp.py", str(tmp_path), "--variant", "31b-w8a8", "--stock-flags",
+                                      "--modes", "nospec,mtp,mtp-real", "--workloads", "mturn"])
+    serve_mtp.main()
+    cfg = json.load(open(tmp_path / "ckpt-31b-w8a8" / "config.json"))
+    group = cfg["quantization_config"]["config_groups"]["group_0"]
+    quant = CompressedTensorsConfig.from_config(cfg["quantization_config"])
+    w, x = (QuantizationArgs(**group[k]) for k in ("weights", "input_activations"))
+    assert quant._is_dynamic_token_w8a8(w, x)
+    assert json.load(open(tmp_path / "ckpt-31b-w8a8-assistant" / "config.json"))["backbone_hidden_size"] == 5376
+    (nospec, env0), (mtp, env1), (real, env2) = runs
+    flag = lambda cmd, name: cmd[cmd.index(name) + 1]  # noqa: E731
+    assert [flag(c, "--page-size") for c in (nospec, mtp, real)] == ["64"] * 3
+    assert not any(f.startswith("--speculative") for f in nospec) and "--attention-backend" not in mtp
+    assert flag(mtp, "--speculative-algorithm") == "NEXTN" and flag(real, "--speculative-draft-model-path")
+    assert "SGLANG_SIMULATE_ACC_LEN" in env1 and "SGLANG_SIMULATE_ACC_LEN" not in env2

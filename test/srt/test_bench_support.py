@@ -104,6 +104,18 @@ def test_seeded_attention_logits_spread_as_a_trained_models(config):
 
 
 @pytest.mark.stack("bench-support", step="dummy-weights-at-scale")
+def test_int8_weights_dequantize_to_the_bf16_rule():
+    from sglang.srt.model_loader.scaled_dummy_weights import initialize_scaled_dummy_weights
+
+    layer = torch.nn.Module()  # a W8A8 linear as compressed-tensors' int8 scheme holds it
+    layer.weight = torch.nn.Parameter(torch.zeros(256, 1024, dtype=torch.int8), requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(torch.zeros(256, 1), requires_grad=False)
+    initialize_scaled_dummy_weights(layer)
+    assert layer.weight.abs().max().item() <= 127 and layer.weight.float().std().item() > 20
+    assert 0.9 < (layer.weight.float() * layer.weight_scale).std().item() * 1024**0.5 < 1.1
+
+
+@pytest.mark.stack("bench-support", step="dummy-weights-at-scale")
 def test_dummy_loader_is_stock_without_the_switch(monkeypatch):
     monkeypatch.delenv("SGLANG_DUMMY_WEIGHTS_AT_SCALE", raising=False)
     w = _dummy_load(monkeypatch)

@@ -22,6 +22,9 @@ Gemma-3n (model_type gemma3n*) has no 1/sqrt(head_dim) in attention either: its 
 norm scales get the same head_dim**-0.25 (trained ones are that small, or the model's
 attention would be near-argmax and a bf16 rounding would flip its output); its other
 weights follow the generic rule.
+Int8 weights (W8A8 checkpoints such as compressed-tensors' int-quantized scheme)
+draw integers with a per-channel scale (`weight_scale`) so that the dequantized
+matrix follows the same rule as a bf16 one.
 Each tensor is seeded by its name: stable across runs, processes and load order.
 """
 
@@ -92,17 +95,33 @@ def fill_scaled_dummy(
         tmp.normal_(1.0, 0.1, generator=gen)
 
 
+# Int8 weights are N(0, 1) * _INT8_STEPS, rounded and clipped at 4 sigma: their
+# scale 1 / _INT8_STEPS times the bf16 rule's std dequantizes to that rule.
+_INT8_STEPS = 127 / 4
+
+
 def initialize_scaled_dummy_weights(
     model: torch.nn.Module, seed: int = 1234, **knobs
 ) -> None:
     knobs.setdefault("gemma4", _is_gemma4(model))
     knobs.setdefault("gemma3n", _is_gemma3n(model))
-    for name, param in model.state_dict().items():
-        if not torch.is_floating_point(param):
-            continue
+    params = model.state_dict()
+    for name, param in params.items():
         # Seed per tensor name: stable across runs, processes and load order.
         gen = torch.Generator(device=param.device)
         gen.manual_seed(seed + zlib.crc32(name.encode()))
         tmp = torch.empty(param.shape, dtype=torch.float32, device=param.device)
-        fill_scaled_dummy(name, tmp, gen, **knobs)
+        if param.dtype == torch.int8:
+            tmp.normal_(0.0, _INT8_STEPS, generator=gen).round_().clamp_(-127, 127)
+        elif name.endswith("weight_scale") and _is_int8(params, name[:-6]):
+            fan_in = params[name[:-6]].shape[-1]
+            tmp.fill_(fan_in**-0.5 / _INT8_STEPS)
+        elif torch.is_floating_point(param):
+            fill_scaled_dummy(name, tmp, gen, **knobs)
+        else:
+            continue
         param.data.copy_(tmp.to(param.dtype))
+
+
+def _is_int8(params: dict, name: str) -> bool:
+    return name in params and params[name].dtype == torch.int8
