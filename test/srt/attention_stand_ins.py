@@ -228,7 +228,8 @@ def deterministic_triton_backend(g, lens, window, k_buf, v_buf, pool_size):
     be.__dict__.update(  # chain_verify None: split-KV verify off
         token_to_kv_pool=pool, use_sliding_window_kv_pool=False, dcp_size=1, page_size=1, device="cpu",
         chain_verify=None, _translate_kv_loc=None, enable_deterministic=True,
-        extend_attention_fwd_unified=extend_attention_fwd_unified, build_unified_kv_indices=build_unified_kv_indices)
+        extend_attention_fwd_unified=extend_attention_fwd_unified,
+        build_unified_kv_indices=build_unified_kv_indices)
     for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
         setattr(be, name, torch.zeros(bs + 1, dtype=torch.int32))
     if HAS_KV_LOC_PLAN:  # what 0.5.23's __init__ adds for the extend path

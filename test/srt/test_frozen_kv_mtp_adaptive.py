@@ -14,7 +14,8 @@ from transformers import PretrainedConfig
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.cuda_graph_config import Backend as GraphBackend
-from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig, PhaseConfig, cuda_graph_fully_disabled
+from sglang.srt.model_executor.cuda_graph_config import (
+    CudaGraphConfig, PhaseConfig, cuda_graph_fully_disabled)
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_context, get_exec, get_spec
 from sglang.srt.server_args import ServerArgs
@@ -137,8 +138,7 @@ def draft_worker():
     dw._model_runner = DraftRunner()
     fields = dict(
         server_args=get_context().server_args, topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4,
-        device="cpu", gpu_id=0, target_worker=types.SimpleNamespace(device="cuda"),
-        draft_tp_context=empty_context,  # 0.5.17
+        device="cpu", gpu_id=0, target_worker=types.SimpleNamespace(device="cuda"), draft_tp_context=empty_context,  # 0.5.17
         parallel_layout=types.SimpleNamespace(tp_group=None),  # 0.5.23: the target's
         draft_attn_backend=dw._model_runner.attn_backend,  # topk 1: the runner's own
         cuda_graph_runner="draft-graphs-steps-3", draft_extend_attn_backend=None,
@@ -313,7 +313,8 @@ def run_round(worker, monkeypatch, batch):
         next_seed = FrozenKVMTPDraftInput()
         next_seed.bonus_tokens = torch.arange(bs) + 500
         hidden = torch.arange(rows, dtype=torch.float32)[:, None].repeat(1, HIDDEN)
-        return types.SimpleNamespace(new_seq_lens=batch.seq_lens + 1, accept_lens=torch.ones(bs, dtype=torch.long),
+        return types.SimpleNamespace(new_seq_lens=batch.seq_lens + 1,
+                                     accept_lens=torch.ones(bs, dtype=torch.long),
                                      logits_output=types.SimpleNamespace(hidden_states=hidden),
                                      next_draft_input=next_seed)
 
@@ -371,7 +372,8 @@ def test_shared_logits_buffer_holds_the_widest_adaptive_verify(monkeypatch, adap
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     # capture sizes as the decode graph config gives them (up to 80 requests)
-    monkeypatch.setattr(mr_mod, "get_batch_sizes_to_capture", lambda runner, width, **kw: ([1, 8, 64, 80], []))
+    monkeypatch.setattr(mr_mod, "get_batch_sizes_to_capture",
+                        lambda runner, width, **kw: ([1, 8, 64, 80], []))
     args = frozen_args(speculative_adaptive=adaptive)
     runner = object.__new__(ModelRunner)
     runner.server_args = args  # what 0.5.17 reads

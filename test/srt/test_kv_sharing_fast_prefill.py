@@ -58,7 +58,8 @@ def _batch_with(**fields):
     [
         *[((mode,), "forward_mode") for mode in (
             ForwardMode.DECODE, ForwardMode.MIXED, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY,
-            ForwardMode.DRAFT_EXTEND_V2, ForwardMode.PREBUILT, ForwardMode.SPLIT_PREFILL, ForwardMode.DLLM_EXTEND)],
+            ForwardMode.DRAFT_EXTEND_V2, ForwardMode.PREBUILT, ForwardMode.SPLIT_PREFILL,
+            ForwardMode.DLLM_EXTEND)],
         (("lens", [1, 1, 1]), "one_token_per_request"),
         (("fields", dict(return_logprob=True, extend_logprob_start_lens_cpu=[5, 9])), None),
         (("fields", dict(return_logprob=True, extend_logprob_start_lens_cpu=[5, 3])), "input_logprobs"),

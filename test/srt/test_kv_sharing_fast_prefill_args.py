@@ -263,7 +263,8 @@ def test_cli_and_engine_kwargs_decide_alike(model, case):
 
     from_kwargs = outcome(lambda: server_args(path, **kwargs))
     assert from_kwargs == outcome(lambda: server_args_from_cli(argv))
-    assert from_kwargs[:2] == ("accepted", True) if case.endswith("accepted") else from_kwargs[0] == "rejected"
+    assert from_kwargs[:2] == ("accepted", True) if case.endswith("accepted") else (
+        from_kwargs[0] == "rejected")
 
 
 @pytest.mark.parametrize("variant", ["E2B", "E4B"])

@@ -185,8 +185,9 @@ def test_batches_the_stock_sampling_must_see_fall_through(change):
 
 def _worker(topk=1, kv_cache=None, watermark_state=None):
     runner = types.SimpleNamespace(model_config="cfg", watermark_state=watermark_state)
+    allocator = types.SimpleNamespace(get_kvcache=lambda: kv_cache or object())
     return types.SimpleNamespace(topk=topk, target_worker=types.SimpleNamespace(model_runner=runner),
-                                 token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: kv_cache or object()))
+                                 token_to_kv_pool_allocator=allocator)
 
 
 def test_worker_gets_the_tail_only_where_verify_needs_nothing_per_step(monkeypatch):
@@ -211,7 +212,8 @@ def test_frozen_kv_mtp_worker_takes_the_tail(monkeypatch):
 @pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-verify-tail", bases=("0.5.23",))
 @pytest.mark.parametrize("worker_kw,batch_kw", [
     (dict(watermark_state=object()), dict(sampling_info=sampling(has_watermark_candidates=True))),
-    ({}, dict(hisparse_coordinator=object())), ({}, dict(mamba_track_indices=torch.zeros(3, dtype=torch.int64))),
+    ({}, dict(hisparse_coordinator=object())),
+    ({}, dict(mamba_track_indices=torch.zeros(3, dtype=torch.int64))),
 ], ids=["watermark", "hisparse", "mamba_track"])
 def test_batches_whose_verify_reads_the_accepted_path_fall_through(worker_kw, batch_kw):
     # 0.5.23's stock verify records watermarked tokens, commits HiSparse's
