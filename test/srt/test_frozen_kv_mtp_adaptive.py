@@ -137,8 +137,9 @@ def draft_worker():
     dw = object.__new__(fkv.FrozenKVMTPDraftWorker)
     dw._model_runner = DraftRunner()
     fields = dict(
-        server_args=get_context().server_args, topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4,
-        device="cpu", gpu_id=0, target_worker=types.SimpleNamespace(device="cuda"),
+        server_args=get_context().server_args, topk=1, speculative_num_steps=3,
+        speculative_num_draft_tokens=4, device="cpu", gpu_id=0,
+        target_worker=types.SimpleNamespace(device="cuda"),
         draft_tp_context=empty_context,  # 0.5.17
         parallel_layout=types.SimpleNamespace(tp_group=None),  # 0.5.23: the target's
         draft_attn_backend=dw._model_runner.attn_backend,  # topk 1: the runner's own

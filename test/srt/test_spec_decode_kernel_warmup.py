@@ -52,7 +52,8 @@ def test_warmed_after_the_states_are_built_for_every_state(monkeypatch):
 
 
 def test_step_configs_without_adaptive_is_the_fixed_state():
-    w = types.SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4, adaptive_controller=None)
+    w = types.SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4,
+                              adaptive_controller=None)
     assert warmup.step_configs(w) == [(3, 4)]
 
 
@@ -134,7 +135,8 @@ def test_every_state_draft_token_num_and_accept_stride(launched):
     locs = _of(launched, "assign_extend_cache_locs_uniform")
     assert all(l["dtypes"] == ["torch.int64", "torch.int32", "torch.int64", "torch.int64"] for l in locs)
     # start offsets (batch.seq_lens) in both alignments, for every draft width
-    assert {(l["ints"][1], l["aligned"][2]) for l in locs} == {(d, a) for _, d in CONFIGS for a in (True, False)}
+    assert {(l["ints"][1], l["aligned"][2]) for l in locs} == {
+        (d, a) for _, d in CONFIGS for a in (True, False)}
     assert all(l["ints"][0] == POOL_LEN for l in locs)
     bonus = _of(launched, "fill_bonus_tokens")
     assert all(l["dtypes"] == ["torch.int32"] * 3 for l in bonus)
@@ -177,7 +179,8 @@ def test_fused_commit_warmed_for_every_state(launched):
         assert l["kwargs"]["track_steps"] is None  # no mamba tracking
         assert [l["kwargs"][k]["dtype"] for k in ("last_steps", "correct", "select", "ids")] == [
             "torch.int64", "torch.int32", "torch.int64", "torch.int64"]
-    assert sorted(map(_commit_keys, chain)) == sorted((s + 1, d, 0, a) for s, d in CONFIGS for a in (True, False))
+    assert sorted(map(_commit_keys, chain)) == sorted(
+        (s + 1, d, 0, a) for s, d in CONFIGS for a in (True, False))
     # topk > 1 commits without the draft-extend outputs (DRAFT_WIDTH 0)
     tree = _of(launched, "_verify_commit_outputs_kernel", "tree_launches")
     assert sorted(map(_commit_keys, tree)) == sorted(
