@@ -59,7 +59,10 @@ def stock_server_cmd(model, port, draft, page_size):
            "--load-format", "dummy", "--page-size", str(page_size)]
     if draft:
         cmd += ["--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", draft,
-                "--speculative-draft-load-format", "dummy"]
+                "--speculative-draft-load-format", "dummy",
+                # 0.5.17 leaves steps unset without these: its tokenizer manager then fails
+                "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                "--speculative-num-draft-tokens", "4"]
     return cmd
 
 

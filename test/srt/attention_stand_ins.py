@@ -1,13 +1,8 @@
-"""Stand-ins for CPU tests of attention metadata: a real ForwardBatch of a
-prefill, triton / trtllm_mha / torch_native backends with just the state their
-init_forward_metadata reads (their Triton index kernels replaced by torch), and
-a deep snapshot of a backend to assert that nothing it holds was written.
-
-Works on both bases, decided once by HAS_KV_LOC_PLAN: 0.5.17's backends build index
-lists from req_to_token themselves; 0.5.23's read through the runner's KVIndexTranslator
-and the batch's own KVLocPlan. There the stand-ins carry a real, non-translating
-translator, and stand-in batches get a plan bound from it (bind_plan), as
-ForwardBatch.init_new and the graph runners bind one.
+"""Stand-ins for CPU tests of attention metadata: a real ForwardBatch of a prefill,
+triton / trtllm_mha / torch_native backends with just the state init_forward_metadata
+reads (Triton index kernels replaced by torch), and deep snapshots to assert nothing
+was written. Both bases (HAS_KV_LOC_PLAN): on 0.5.23 backends carry a real,
+non-translating KVIndexTranslator and batches get a KVLocPlan bound from it (bind_plan).
 """
 
 import copy
@@ -20,11 +15,7 @@ import torch
 
 from sglang.srt.layers.attention import triton_backend, trtllm_mha_backend
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardBatch,
-    ForwardMode,
-)
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 # Only the module's presence is probed: where it is, a failing import below is an
 # error, not a sign of the other release.
@@ -44,11 +35,8 @@ def bind_plan(be, fb, runner_slots=False):
     0.5.17): as ForwardBatch.init_new binds a pass, or (``runner_slots``) as a runner
     binds a batch it builds itself, such as the back half. Returns ``fb``."""
     if HAS_KV_LOC_PLAN and be is not None:
-        translator = be.kv_index_translator
-        if runner_slots:
-            translator.bind_runner_slots(fb)
-        else:
-            translator.bind_own_plan(fb)
+        t = be.kv_index_translator
+        (t.bind_runner_slots if runner_slots else t.bind_own_plan)(fb)
     return fb
 
 
@@ -61,15 +49,9 @@ def make_batch(extend_lens, prefix_lens=None, orig_extra=None, mode=ForwardMode.
     orig_extra = orig_extra or [0] * bs
     seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
     n = sum(extend_lens)
-    fb = ForwardBatch(
-        forward_mode=mode,
-        batch_size=bs,
-        input_ids=torch.arange(100, 100 + n),
-        req_pool_indices=torch.arange(bs) + 1,
-        seq_lens=torch.tensor(seq),
-        out_cache_loc=torch.arange(1000, 1000 + n),
-        seq_lens_sum=sum(seq),
-    )
+    fb = ForwardBatch(forward_mode=mode, batch_size=bs, input_ids=torch.arange(100, 100 + n),
+                      req_pool_indices=torch.arange(bs) + 1, seq_lens=torch.tensor(seq),
+                      out_cache_loc=torch.arange(1000, 1000 + n), seq_lens_sum=sum(seq))
     fb.seq_lens_cpu = torch.tensor(seq)
     fb.orig_seq_lens = torch.tensor([s + x for s, x in zip(seq, orig_extra)])
     fb.extend_seq_lens_cpu = list(extend_lens)
@@ -105,12 +87,8 @@ def attach_translator(be, page_size=1):
     req_to_token and pool (non-translating: a static pool)."""
     if HAS_KV_LOC_PLAN:
         be.kv_index_translator = KVIndexTranslator(
-            req_to_token=be.req_to_token,
-            token_to_kv_pool_allocator=None,
-            token_to_kv_pool=be.token_to_kv_pool,
-            page_size=page_size,
-            device="cpu",
-        )
+            req_to_token=be.req_to_token, token_to_kv_pool_allocator=None,
+            token_to_kv_pool=be.token_to_kv_pool, page_size=page_size, device="cpu")
         assert not be.kv_index_translator.is_translating
     return be
 
@@ -126,8 +104,7 @@ class _TorchKernel:
             assert ENTRY_PAGE_SIZE == 1, "the stand-ins read token tables only"
             for i in range(grid[0]):
                 start = int(kv_start[i]) if kv_start is not None else 0
-                n = int(lens[i])
-                off = int(indptr[i])
+                n, off = int(lens[i]), int(indptr[i])
                 data = ids[int(row_ids[i])][start : start + n]
                 if token_mapping is not None:
                     data = token_mapping[data.long()]
@@ -147,9 +124,7 @@ class _TorchAlignKernel:
                 src, end = int(window_kv_indptr[i]), int(window_kv_indptr[i + 1])
                 dst, p = int(aligned_kv_indptr[i]), int(pad[i])
                 j = torch.arange(end - src + p)
-                aligned_kv_indices[dst : dst + len(j)] = window_kv_indices[
-                    src + (j - p).clamp(min=0)
-                ]
+                aligned_kv_indices[dst : dst + len(j)] = window_kv_indices[src + (j - p).clamp(min=0)]
 
         return run
 
@@ -207,24 +182,16 @@ def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
     use_torch_kernels()
     be = object.__new__(triton_backend.TritonAttnBackend)
     g = torch.Generator().manual_seed(1)
-    be.sliding_window_size = window
     be.req_to_token = torch.randint(1, pool, (max_bs + 1, ctx), generator=g)
-    be.token_to_kv_pool = FakeSWAPool(pool)
-    be.use_sliding_window_kv_pool = True
-    be.dcp_size = 1
-    be._translate_kv_loc = None
-    be.device = "cpu"
-    be.chain_verify = None  # __init__ sets it (split-KV verify off)
-    be.num_head, be.v_head_dim, be.swa_v_head_dim = 2, 4, None
-    be.max_kv_splits, be.static_kv_splits, be.enable_deterministic = 4, True, False
-    be.device_core_count = 1
+    be.__dict__.update(  # chain_verify None: split-KV verify off
+        sliding_window_size=window, token_to_kv_pool=FakeSWAPool(pool), use_sliding_window_kv_pool=True,
+        dcp_size=1, _translate_kv_loc=None, device="cpu", chain_verify=None, num_head=2, v_head_dim=4,
+        swa_v_head_dim=None, max_kv_splits=4, static_kv_splits=True, enable_deterministic=False,
+        device_core_count=1, forward_metadata=None)
     for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
         setattr(be, name, torch.zeros(max_bs + 1, dtype=torch.int32))
-    be.forward_metadata = None
     if HAS_KV_LOC_PLAN:
-        be.page_size = 1
-        be.max_context_len = ctx
-        be.num_kv_head = 1
+        be.page_size, be.max_context_len, be.num_kv_head = 1, ctx, 1
         be._dense_one_shot_kv_indptr = None  # as __init__ leaves it
         be.lean_total_programs, be.lean_block_m = 2, 16  # decode: Lean decode buffers
         be.split_tile_size = None  # static split count (set_deterministic: a tile)
@@ -237,8 +204,7 @@ def set_deterministic(be):
     """As __init__ under --enable-deterministic-inference (0.5.23: a split tile too)."""
     be.enable_deterministic = True
     if HAS_KV_LOC_PLAN:
-        be.static_kv_splits = False
-        be.split_tile_size = 256
+        be.static_kv_splits, be.split_tile_size = False, 256
         be.max_kv_splits = -(-be.max_context_len // be.split_tile_size)
     return be
 
@@ -259,14 +225,11 @@ def deterministic_triton_backend(g, lens, window, k_buf, v_buf, pool_size):
     slots = torch.randperm(pool_size, generator=g)[: sum(lens)].to(torch.int32)
     for i, s in enumerate(lens):
         be.req_to_token[i + 1, :s] = slots[sum(lens[:i]) : sum(lens[: i + 1])]
-    be.token_to_kv_pool = pool
-    be.use_sliding_window_kv_pool = False
-    be.dcp_size, be.page_size, be.device = 1, 1, "cpu"
-    be.chain_verify = None  # __init__ sets it (split-KV verify off)
-    be._translate_kv_loc = None
-    be.enable_deterministic = True
-    be.extend_attention_fwd_unified = extend_attention_fwd_unified
-    be.build_unified_kv_indices = build_unified_kv_indices
+    be.__dict__.update(  # chain_verify None: split-KV verify off
+        token_to_kv_pool=pool, use_sliding_window_kv_pool=False, dcp_size=1, page_size=1, device="cpu",
+        chain_verify=None, _translate_kv_loc=None, enable_deterministic=True,
+        extend_attention_fwd_unified=extend_attention_fwd_unified,
+        build_unified_kv_indices=build_unified_kv_indices)
     for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
         setattr(be, name, torch.zeros(bs + 1, dtype=torch.int32))
     if HAS_KV_LOC_PLAN:  # what 0.5.23's __init__ adds for the extend path
@@ -302,10 +265,8 @@ def decoder_layer(window, heads, head_dim):
 
 def make_torch_native_backend(pool=4096):
     be = object.__new__(TorchNativeAttnBackend)
-    be.token_to_kv_pool = FakeSWAPool(pool)
-    be.use_sliding_window_kv_pool = True
-    be.forward_metadata = None
-    be.swa_out_cache_loc = None
+    be.__dict__.update(token_to_kv_pool=FakeSWAPool(pool), use_sliding_window_kv_pool=True,
+                       forward_metadata=None, swa_out_cache_loc=None)
     if HAS_KV_LOC_PLAN:
         # a translator for bind_plan, as every runner has one
         be.req_to_token = torch.zeros(17, 256, dtype=torch.int32)
@@ -383,24 +344,15 @@ def back_half_batch(fb, extend=False, backend=None):
     prefix of seq_len - 1; bound to ``backend`` as the fast prefill binds it."""
     n, seq = fb.batch_size, fb.seq_lens
     last = torch.cumsum(fb.extend_seq_lens, 0) - 1
-    b = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND if extend else ForwardMode.DECODE,
-        batch_size=n,
-        input_ids=fb.input_ids[last],
-        req_pool_indices=fb.req_pool_indices,
-        seq_lens=seq,
-        out_cache_loc=fb.out_cache_loc[last],
-        seq_lens_sum=int(seq.sum()),
-        positions=fb.positions[last],
-    )
+    b = ForwardBatch(forward_mode=ForwardMode.EXTEND if extend else ForwardMode.DECODE, batch_size=n,
+                     input_ids=fb.input_ids[last], req_pool_indices=fb.req_pool_indices, seq_lens=seq,
+                     out_cache_loc=fb.out_cache_loc[last], seq_lens_sum=int(seq.sum()),
+                     positions=fb.positions[last])
     b.seq_lens_cpu = seq.clone()
     if extend:
-        b.extend_num_tokens = n
-        b.extend_seq_lens = torch.ones(n, dtype=seq.dtype)
-        b.extend_prefix_lens = seq - 1
-        b.extend_start_loc = torch.arange(n)
-        b.extend_seq_lens_cpu = [1] * n
-        b.extend_prefix_lens_cpu = (seq - 1).tolist()
+        b.__dict__.update(extend_num_tokens=n, extend_seq_lens=torch.ones(n, dtype=seq.dtype),
+                          extend_prefix_lens=seq - 1, extend_start_loc=torch.arange(n),
+                          extend_seq_lens_cpu=[1] * n, extend_prefix_lens_cpu=(seq - 1).tolist())
     return bind_plan(backend, b, runner_slots=True)
 
 
@@ -411,10 +363,7 @@ def make_trtllm_backend(page_size, max_bs=16, ctx=256, pool=8192):
     use_torch_kernels()
     be = object.__new__(trtllm_mha_backend.TRTLLMHAAttnBackend)
     g = torch.Generator().manual_seed(2)
-    be.device = "cpu"
-    be.page_size = page_size
-    be.max_context_len = ctx
-    be.max_num_pages = ctx // page_size
+    be.device, be.page_size, be.max_context_len, be.max_num_pages = "cpu", page_size, ctx, ctx // page_size
     # whole pages per request, as the paged allocator hands them out
     pages = torch.randperm(pool // page_size, generator=g)[: (max_bs + 1) * be.max_num_pages]
     slots = pages.view(max_bs + 1, -1, 1) * page_size + torch.arange(page_size)
@@ -442,15 +391,9 @@ def make_trtllm_backend(page_size, max_bs=16, ctx=256, pool=8192):
 
 def make_decode_batch(req_pool_indices, seq_lens, out_cache_loc, backend=None):
     """A genuine decode step (one new token per request, in seq_lens), bound to ``backend``."""
-    fb = ForwardBatch(
-        forward_mode=ForwardMode.DECODE,
-        batch_size=len(seq_lens),
-        input_ids=torch.arange(len(seq_lens)),
-        req_pool_indices=req_pool_indices,
-        seq_lens=seq_lens,
-        out_cache_loc=out_cache_loc,
-        seq_lens_sum=int(seq_lens.sum()),
-    )
+    fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=len(seq_lens),
+                      input_ids=torch.arange(len(seq_lens)), req_pool_indices=req_pool_indices,
+                      seq_lens=seq_lens, out_cache_loc=out_cache_loc, seq_lens_sum=int(seq_lens.sum()))
     return bind_plan(backend, fb)
 
 

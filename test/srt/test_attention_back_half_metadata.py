@@ -1,29 +1,14 @@
-"""The back half's attention of KV-sharing fast prefill, on CPU: a backend of its own
-(make_back_half_backend) whose metadata (init_back_half_metadata) describes, for triton,
-trtllm_mha and torch_native, one query per request over its whole sequence (the keys its
-last token attends in the pass, sliding windows included), built while the pass's
-metadata is current, writing nothing of the pass's backend or ForwardBatch. (That the
-back half's layers find that backend: test_kv_sharing_fast_prefill.py.)
+"""The back half's attention of KV-sharing fast prefill, on CPU: a backend of its own whose
+metadata (triton, trtllm_mha, torch_native) is one query per request over the keys its last
+token attends in the pass, built while the pass's is current, writing nothing of the pass's.
 """
 
 import pytest
 import torch
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
-    _restore_kernels,
-    assert_same_batch,
-    assert_same_state,
-    assert_same_trtllm_metadata,
-    back_half_backend_of,
-    back_half_batch,
-    backend_state,
-    batch_state,
-    make_batch,
-    make_decode_batch,
-    make_torch_native_backend,
-    make_trtllm_backend,
-    make_triton_backend,
-    set_deterministic,
-    trtllm_keys,
+    _restore_kernels, assert_same_batch, assert_same_state, assert_same_trtllm_metadata,
+    back_half_backend_of, back_half_batch, backend_state, batch_state, make_batch, make_decode_batch,
+    make_torch_native_backend, make_trtllm_backend, make_triton_backend, set_deterministic, trtllm_keys,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,9 +20,8 @@ REQS = st.lists(st.tuples(st.integers(1, 120), st.integers(0, 100)), min_size=1,
 
 
 def build_untouched(be, fb, extend=False):
-    """The back half of pass ``fb`` (every request) in a backend of its own, its
-    metadata built while ``be`` holds the pass's, asserting that building it wrote
-    nothing of the pass's backend or batch (nothing runs on it after)."""
+    """The back half of pass ``fb`` in a backend of its own, built while ``be`` holds the
+    pass's metadata, asserting it wrote nothing of the pass's backend or batch."""
     before, batch_before = backend_state(be), batch_state(fb)
     back = back_half_backend_of(be)
     assert back is not be and back.back_half_is_extend() == extend
@@ -52,9 +36,8 @@ def build_untouched(be, fb, extend=False):
 @given(window=st.sampled_from([3, 15, 63, 400]), reqs=REQS)
 def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
     be = make_triton_backend(window)
-    ext = [e for e, _ in reqs]
-    pre = [p for _, p in reqs]
-    fb = make_batch(ext, pre, backend=be)
+    ext, pre = zip(*reqs)
+    fb = make_batch(list(ext), list(pre), backend=be)
     # The pass's own (front-half) metadata lives in the persistent buffers.
     be.kv_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(pre), 0)
     be.qo_indptr[1 : len(ext) + 1] = torch.cumsum(torch.tensor(ext), 0)
@@ -83,9 +66,8 @@ def test_triton_back_half_metadata_is_one_query_per_request(window, reqs):
 def test_deterministic_triton_back_half_is_an_extend_with_the_pass_key_layout(window, reqs):
     be = make_triton_backend(window)
     be.enable_deterministic = True
-    ext = [e for e, _ in reqs]
-    pre = [p for _, p in reqs]
-    fb = make_batch(ext, pre)
+    ext, pre = zip(*reqs)
+    fb = make_batch(list(ext), list(pre))
     be.forward_metadata = object()
     assert be.back_half_is_extend()
     back = build_untouched(be, fb, extend=True)
@@ -120,23 +102,15 @@ def unified_keys(kv_indptr, kv_indices, new_keys, b, prefix_len):
 
 @pytest.mark.stack("yoco-model", step="attention-back-half-metadata", bases=("0.5.23",))
 @settings(max_examples=40, deadline=None)
-@given(
-    window=st.sampled_from([3, 15, 63, 127, 128, 400]),
-    reqs=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 500)), min_size=1, max_size=6),
-)
+@given(window=st.sampled_from([3, 15, 63, 127, 128, 400]),
+       reqs=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 500)), min_size=1, max_size=6))
 def test_deterministic_triton_back_half_is_an_extend_over_the_pass_tiles(window, reqs):
-    """The unified extend kernel sums a request's keys tile by tile from the
-    start of its key list; deterministic inference pads a sliding window's list
-    to start on an absolute tile (aligned_window_kv_*). For each request's last
-    token, the extend-shaped back half's lists start on the tile the pass's
-    lists give that token's first key, and hold the pass's keys from there on,
-    so the kernel sums the same tiles of the same keys (the tiles before it in
-    the pass are masked out for that token)."""
-    ctx = 1024
-    be = set_deterministic(make_triton_backend(window, ctx=ctx))
-    ext = [e for e, _ in reqs]
-    pre = [p for _, p in reqs]
-    fb = make_batch(ext, pre, backend=be)
+    """The unified extend kernel sums keys tile by tile from a list's start; deterministic
+    inference pads window lists to absolute tiles. Each last token's back-half lists start
+    on the tile the pass's give its first key and hold the pass's keys from there on."""
+    be = set_deterministic(make_triton_backend(window, ctx=1024))
+    ext, pre = zip(*reqs)
+    fb = make_batch(list(ext), list(pre), backend=be)
     seq = [p + e for p, e in zip(pre, ext)]
     n = len(seq)
     # The pass's new tokens sit in req_to_token before its forward, as the
@@ -166,20 +140,10 @@ def test_deterministic_triton_back_half_is_an_extend_over_the_pass_tiles(window,
         assert torch.equal(keys, p_keys) and torch.equal(keys, row[:s])
         # sliding layers: the tile holding the token's first in-window key
         first = max(0, q - window)
-        start, keys = unified_keys(
-            meta.aligned_window_kv_indptr,
-            meta.aligned_window_kv_indices,
-            meta.swa_out_cache_loc[b : b + 1],
-            b,
-            q,
-        )
-        p_start, p_keys = unified_keys(
-            pass_meta.aligned_window_kv_indptr,
-            pass_meta.aligned_window_kv_indices,
-            pass_swa_new[b],
-            b,
-            p,
-        )
+        start, keys = unified_keys(meta.aligned_window_kv_indptr, meta.aligned_window_kv_indices,
+                                   meta.swa_out_cache_loc[b : b + 1], b, q)
+        p_start, p_keys = unified_keys(pass_meta.aligned_window_kv_indptr,
+                                       pass_meta.aligned_window_kv_indices, pass_swa_new[b], b, p)
         assert start % TILE == 0 and p_start % TILE == 0
         assert start == first // TILE * TILE and p_start <= start
         assert len(keys) == s - start and len(p_keys) == s - p_start
@@ -195,23 +159,16 @@ def test_torch_native_back_half_metadata():
     be.swa_out_cache_loc = be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc)
     back = build_untouched(be, fb)
     last = torch.cumsum(fb.extend_seq_lens, 0) - 1
-    assert torch.equal(
-        back.swa_out_cache_loc,
-        be.token_to_kv_pool.translate_loc_from_full_to_swa(fb.out_cache_loc[last]),
-    )
+    assert torch.equal(back.swa_out_cache_loc, be.token_to_kv_pool.translate_loc_from_full_to_swa(
+        fb.out_cache_loc[last]))
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    page_size=st.sampled_from([1, 16, 64]),
-    window=st.sampled_from([-1, 0, 3, 15, 63, 400]),
-    reqs=REQS,
-)
+@given(page_size=st.sampled_from([1, 16, 64]), window=st.sampled_from([-1, 0, 3, 15, 63, 400]), reqs=REQS)
 def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
     be = make_trtllm_backend(page_size)
-    ext = [e for e, _ in reqs]
-    pre = [p for _, p in reqs]
-    fb = make_batch(ext, pre, backend=be)
+    ext, pre = zip(*reqs)
+    fb = make_batch(list(ext), list(pre), backend=be)
     be.init_forward_metadata(fb)  # the pass's own (front-half) metadata
     pass_meta = be.forward_metadata
     back = build_untouched(be, fb)  # building touched nothing of the pass's
@@ -221,9 +178,8 @@ def test_trtllm_back_half_metadata_is_a_decode_step(page_size, window, reqs):
     seq = [p + e for p, e in zip(pre, ext)]
     last = torch.cumsum(torch.tensor(ext), 0) - 1
     ref = make_trtllm_backend(page_size)
-    ref.init_forward_metadata(
-        make_decode_batch(fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc[last], backend=ref)
-    )
+    ref.init_forward_metadata(make_decode_batch(fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc[last],
+                                                backend=ref))
     assert_same_trtllm_metadata(meta, ref.forward_metadata, seq, page_size)
     # ... which is: one query per request over its whole sequence
     assert meta.max_seq_len_q == 1

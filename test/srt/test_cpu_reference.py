@@ -1,13 +1,6 @@
-"""The fork serves a tiny Gemma-4 and a tiny Gemma-3n on CPU exactly like Hugging Face
-transformers.
-
-Covers the CPU reference path of the foundation: gemma4_text config remap, torch_native on
-a hybrid SWA pool, CPU RoPE/softcap; and a seeded text-only Gemma3nForCausalLM
-(tiny_gemma.py: AltUp streams, LAuReL, per-layer inputs, activation sparsity in the first
-layers, the last 4 of 8 layers KV-shared), whose decode reads the KV-shared layers' K/V
-from the cache their source layers wrote, as HF reads its shared_kv_states. One engine
-per model serves every check: prompts longer than the sliding window (16), sent one by
-one and batched, with shared prefixes so the radix cache serves prefix hits.
+"""The fork serves a tiny Gemma-4 and a tiny Gemma-3n (AltUp, LAuReL, per-layer inputs,
+the last 4 of 8 layers KV-shared) on CPU exactly like Hugging Face transformers: prompts
+longer than the sliding window, one by one and batched, with radix-cache prefix hits.
 """
 
 import random

@@ -1,13 +1,7 @@
 """--speculative-adaptive under FROZEN_KV_MTP (step frozen-kv-mtp-adaptive) and its
-per-state capture sizes (step spec-adaptive-per-state-capture-sizes), on CPU, no engine;
-both bases (what differs is decided once, below).
-
-Stock asserts against adaptive speculation in FrozenKVMTPWorkerV2; the fork builds EAGLE
-v2's AdaptiveController there. The worker's real build_adaptive_runtime_state /
-apply_runtime_state run over stand-in model runners, and real decode rounds go through
-forward_batch_generation: at 0 draft steps the drafter is not run and the target verifies
-the bonus token alone; each state has its own draft attention backend, and a state with
-no draft graph does not inherit another state's graph runner.
+per-state capture sizes (step spec-adaptive-per-state-capture-sizes), on CPU, no engine:
+the worker's real adaptive states over stand-in model runners, and real decode rounds
+through forward_batch_generation (at 0 draft steps the target verifies the bonus alone).
 """
 import inspect
 import types
@@ -21,10 +15,7 @@ from transformers import PretrainedConfig
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.cuda_graph_config import Backend as GraphBackend
 from sglang.srt.model_executor.cuda_graph_config import (
-    CudaGraphConfig,
-    PhaseConfig,
-    cuda_graph_fully_disabled,
-)
+    CudaGraphConfig, PhaseConfig, cuda_graph_fully_disabled)
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_context, get_exec, get_spec
 from sglang.srt.server_args import ServerArgs
@@ -32,15 +23,8 @@ from sglang.srt.speculative import eagle_worker_v2
 from sglang.srt.speculative import frozen_kv_mtp_cuda_graph_runner as fkv_graph
 from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
-from sglang.srt.speculative.adaptive_spec_params import (
-    DEFAULT_ADAPTIVE_CONFIG,
-    adaptive_unsupported_reason,
-)
-from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.frozen_kv_mtp_info import (
-    FrozenKVMTPDraftInput,
-    FrozenKVMTPVerifyInput,
-)
+from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG, adaptive_unsupported_reason
+from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPDraftInput, FrozenKVMTPVerifyInput
 from sglang.srt.utils import empty_context
 
 pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="frozen-kv-mtp-adaptive")
@@ -56,9 +40,7 @@ DRAFT_GRAPH_FROM_STEPS = 2 if WORKER_TAKES_PS else 1
 
 HIDDEN = 4
 # union of stock DEFAULT_ADAPTIVE_CONFIG ([0, 1, 3, 7]; 0.5.23 adds 5 from batch 1)
-DEFAULT_CANDIDATES = sorted(
-    {s for slot in DEFAULT_ADAPTIVE_CONFIG.values() for s in slot["candidate_steps"]}
-)
+DEFAULT_CANDIDATES = sorted({s for slot in DEFAULT_ADAPTIVE_CONFIG.values() for s in slot["candidate_steps"]})
 
 
 def frozen_args(**kw):
@@ -84,9 +66,6 @@ def test_adaptive_still_refused_for_frozen_kv_mtp_topk_above_1():
     assert reason is not None and "topk=1" in reason
 
 
-# ------------------------------------------------ stand-ins
-
-
 class Backend:
     """An attention backend: only its identity matters here."""
 
@@ -109,12 +88,9 @@ class DraftRunner:
 
 
 def gemma4_model_config():
-    """What start-up checks read of the target's ModelConfig: a model without
-    mamba state (``mambaish_config`` is None)."""
-    return types.SimpleNamespace(
-        hf_config=PretrainedConfig(architectures=["Gemma4ForConditionalGeneration"]),
-        linear_attn_registry_result=None,
-    )
+    """What start-up checks read of the target's ModelConfig (no mamba state)."""
+    return types.SimpleNamespace(hf_config=PretrainedConfig(architectures=["Gemma4ForConditionalGeneration"]),
+                                 linear_attn_registry_result=None)
 
 
 class TargetRunner:
@@ -147,7 +123,6 @@ class GraphRunner:
 
 
 def graph_config():
-    """The resolved CUDA graph settings, as the runners read them."""
     return get_exec().graph.cuda_graph_config
 
 
@@ -161,21 +136,18 @@ def draft_worker():
     """FrozenKVMTPDraftWorker without __init__ (which loads the assistant)."""
     dw = object.__new__(fkv.FrozenKVMTPDraftWorker)
     dw._model_runner = DraftRunner()
-    dw.server_args = get_context().server_args
-    dw.topk = 1
-    dw.speculative_num_steps = 3
-    dw.speculative_num_draft_tokens = 4
-    dw.device = "cpu"
-    dw.gpu_id = 0
-    dw.target_worker = types.SimpleNamespace(device="cuda")
-    dw.draft_tp_context = empty_context  # 0.5.17
-    dw.parallel_layout = types.SimpleNamespace(tp_group=None)  # 0.5.23: the target's
-    dw.draft_attn_backend = dw._model_runner.attn_backend  # topk 1: the runner's own
-    dw.cuda_graph_runner = "draft-graphs-steps-3"
-    dw.draft_extend_attn_backend = None
-    dw.cuda_graph_runner_for_draft_extend = None
-    dw._specialized_graph_memory_usage = {}
-    dw._specialized_graph_time_usage = {}
+    fields = dict(
+        server_args=get_context().server_args, topk=1, speculative_num_steps=3,
+        speculative_num_draft_tokens=4, device="cpu", gpu_id=0,
+        target_worker=types.SimpleNamespace(device="cuda"),
+        draft_tp_context=empty_context,  # 0.5.17
+        parallel_layout=types.SimpleNamespace(tp_group=None),  # 0.5.23: the target's
+        draft_attn_backend=dw._model_runner.attn_backend,  # topk 1: the runner's own
+        cuda_graph_runner="draft-graphs-steps-3", draft_extend_attn_backend=None,
+        cuda_graph_runner_for_draft_extend=None, _specialized_graph_memory_usage={},
+        _specialized_graph_time_usage={})
+    for k, v in fields.items():  # setattr: the base classes may define properties
+        setattr(dw, k, v)
     return dw
 
 
@@ -192,10 +164,8 @@ def build_worker(monkeypatch, args):
     with published(args):
         dw = draft_worker()
         monkeypatch.setattr(fkv, "FrozenKVMTPDraftWorker", lambda *a, **k: dw)
-        target = types.SimpleNamespace(
-            model_runner=TargetRunner(),
-            get_memory_pool=lambda: ("req_to_token_pool", "allocator"),
-        )
+        target = types.SimpleNamespace(model_runner=TargetRunner(),
+                                       get_memory_pool=lambda: ("req_to_token_pool", "allocator"))
         ps = (None,) if WORKER_TAKES_PS else ()
         w = fkv.FrozenKVMTPWorkerV2(get_context().server_args, 0, *ps, 0, target)
         assert isinstance(w.adaptive_controller, AdaptiveController)
@@ -257,8 +227,7 @@ def test_batch_size_picks_the_step_count(worker):
     assert worker.speculative_num_steps == 3
 
 
-# ------------------------------------------------ step spec-adaptive-per-state-capture-sizes: per-state capture sizes
-
+# ------------------------------------------------ step spec-adaptive-per-state-capture-sizes
 GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80]
 
 
@@ -291,8 +260,7 @@ def test_each_state_captures_only_the_batch_sizes_that_reach_it(graph_worker):
 
 
 def test_every_step_a_batch_can_switch_to_has_its_graph(graph_worker):
-    """Pruning must not leave a reachable (batch, step) without a graph: the
-    slot a batch routes to may move to any of its candidate steps."""
+    # pruning leaves no reachable (batch, candidate step of its slot) without a graph
     ctl = graph_worker.adaptive_controller
     for b in range(1, 81):
         slot = ctl.params._route(b)
@@ -305,7 +273,7 @@ def test_every_step_a_batch_can_switch_to_has_its_graph(graph_worker):
 
 
 def test_a_step_no_batch_reaches_captures_no_graph(monkeypatch):
-    """An empty pruned list turns graphs off for that state only."""
+    # an empty pruned list turns graphs off for that state only
     from sglang.srt.speculative.adaptive_capture_sizes import capture_sizes
 
     args = frozen_args()
@@ -320,9 +288,6 @@ def test_a_step_no_batch_reaches_captures_no_graph(monkeypatch):
             assert graph_config().decode.bs == [1, 2]
         assert not cuda_graph_fully_disabled()
         assert graph_config().prefill.backend == GraphBackend.BREAKABLE
-
-
-# ------------------------------------------------ decode rounds
 
 
 def decode_batch(seq_lens, bonus):
@@ -349,34 +314,21 @@ def run_round(worker, monkeypatch, batch):
         rows = bs * v.draft_token_num
         next_seed = FrozenKVMTPDraftInput()
         next_seed.bonus_tokens = torch.arange(bs) + 500
-        return types.SimpleNamespace(
-            new_seq_lens=batch.seq_lens + 1,
-            accept_lens=torch.ones(bs, dtype=torch.long),
-            logits_output=types.SimpleNamespace(
-                hidden_states=torch.arange(rows, dtype=torch.float32)[:, None].repeat(1, HIDDEN)
-            ),
-            next_draft_input=next_seed,
-        )
+        hidden = torch.arange(rows, dtype=torch.float32)[:, None].repeat(1, HIDDEN)
+        return types.SimpleNamespace(new_seq_lens=batch.seq_lens + 1,
+                                     accept_lens=torch.ones(bs, dtype=torch.long),
+                                     logits_output=types.SimpleNamespace(hidden_states=hidden),
+                                     next_draft_input=next_seed)
 
     def draft(batch):
         seen["drafted"] = True
         n = worker.speculative_num_draft_tokens
         bs = batch.seq_lens.shape[0]
-        return FrozenKVMTPVerifyInput(
-            draft_token=torch.zeros(bs * n, dtype=torch.long),
-            custom_mask=None,
-            positions=None,
-            retrieve_index=None,
-            retrieve_next_token=None,
-            retrieve_next_sibling=None,
-            retrieve_cum_len=None,
-            spec_steps=worker.speculative_num_steps,
-            topk=1,
-            draft_token_num=n,
-            capture_hidden_mode=None,
-            seq_lens_sum=None,
-            seq_lens_cpu=None,
-        )
+        none = dict.fromkeys(("custom_mask", "positions", "retrieve_index", "retrieve_next_token",
+                              "retrieve_next_sibling", "retrieve_cum_len", "capture_hidden_mode",
+                              "seq_lens_sum", "seq_lens_cpu"))
+        return FrozenKVMTPVerifyInput(draft_token=torch.zeros(bs * n, dtype=torch.long), topk=1,
+                                      spec_steps=worker.speculative_num_steps, draft_token_num=n, **none)
 
     monkeypatch.setattr(worker, "verify", verify)
     monkeypatch.setattr(worker._draft_worker, "draft", draft)
@@ -410,7 +362,7 @@ def test_batch_1_round_drafts(worker, monkeypatch):
     assert out.next_draft_input.hidden_states[:, 0].tolist() == [0.0, 4.0]
 
 
-# ------------------------------------------------ step spec-shared-logits-buffer-adaptive-width: shared logits buffer
+# ------------------------------------------------ step spec-shared-logits-buffer-adaptive-width
 
 
 @pytest.mark.parametrize("adaptive, rows", [(False, 80 * 4), (True, 80 * 8)])
@@ -422,9 +374,8 @@ def test_shared_logits_buffer_holds_the_widest_adaptive_verify(monkeypatch, adap
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     # capture sizes as the decode graph config gives them (up to 80 requests)
-    monkeypatch.setattr(
-        mr_mod, "get_batch_sizes_to_capture", lambda runner, width, **kw: ([1, 8, 64, 80], [])
-    )
+    monkeypatch.setattr(mr_mod, "get_batch_sizes_to_capture",
+                        lambda runner, width, **kw: ([1, 8, 64, 80], []))
     args = frozen_args(speculative_adaptive=adaptive)
     runner = object.__new__(ModelRunner)
     runner.server_args = args  # what 0.5.17 reads

@@ -1,14 +1,8 @@
-"""The triton backend and FROZEN_KV_MTP end to end on CPU, against Hugging Face.
-
-The engine serves the tiny Gemma-4 (window 16) on the triton backend under Triton's
-interpreter (TRITON_INTERPRET=1 in the scheduler process), fp32, no CUDA graphs, no
-overlap scheduling. Greedy outputs must equal HF's, for prompts without a near-tie:
-without speculation (step triton-decode-sliding-window-width: stock triton decode dropped
-the oldest key of every sliding window; this test caught it); FROZEN_KV_MTP with a seeded
-Gemma-4 assistant; adaptive (3 -> 0 -> 3 steps, and the one-node greedy tail); the split-KV
-chain verify (0.5.23: SGLANG_ENABLE_SPLITKV_VERIFY's chain mode, CUDA-only but for the
-shim); YOCO under MTP. `mtp_cpu_shim/` routes three stock device gates to stock's Triton
-kernels (see its docstring).
+"""The triton backend and FROZEN_KV_MTP end to end on CPU (Triton's interpreter in the
+scheduler, fp32, no CUDA graphs or overlap): greedy outputs equal HF's without speculation
+(step triton-decode-sliding-window-width), with a seeded assistant, adaptive (3 -> 0 -> 3
+steps), the split-KV chain verify, and YOCO under MTP. mtp_cpu_shim/ routes three stock
+device gates to stock's Triton kernels.
 """
 import contextlib
 import json
@@ -18,14 +12,7 @@ import sys
 import pytest
 
 from cpu_engine import (
-    TRITON_ENGINE,
-    YOCO,
-    HFReference,
-    decisive_prompts,
-    greedy_of,
-    server_arg_names,
-    start_engine,
-)
+    TRITON_ENGINE, YOCO, HFReference, decisive_prompts, greedy_of, server_arg_names, start_engine)
 from tiny_gemma import GEMMA4_TEXT_CONFIG, make_tiny_gemma4
 
 HERE = os.path.dirname(os.path.abspath(__file__))

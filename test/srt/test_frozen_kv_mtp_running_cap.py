@@ -1,9 +1,7 @@
 """Step frozen-kv-mtp-running-cap (speculative/frozen_kv_mtp_running_cap.py): under
 FROZEN_KV_MTP the running-request cap is derived from the KV budget, not fixed at 48.
-
-Pure sizing on the released Gemma-4 configs, page sizes 1, 16 and 64; no engine. The
-anchor is the H200 measurement: 31B, page 64, radix cache off, 48 requests reserve
-110016 SWA tokens (83.94 GiB) of a 52.68 GiB budget, and stock does not start.
+Pure sizing on the released Gemma-4 configs (page sizes 1, 16, 64). Anchor, measured on
+H200: 31B, page 64, 48 requests reserve 83.94 GiB of a 52.68 GiB budget; stock fails.
 """
 
 import json

@@ -1,19 +1,10 @@
 """FROZEN_KV_MTP at 3, 4 and 5 draft steps under concurrency equals no speculation.
 
-Deeper chains change every buffer sized by the draft-token count, and only several
-requests in one batch lay those rows side by side: an index that mixes up batch size and
-draft-token count shows only at concurrency and beyond 3 steps (upstream
-sgl-project/sglang#32666: 5 steps corrupt at concurrency >= 2, 3 do not).
-
-One engine per step count serves three greedy requests at once (prompts of 9, 20, 33
-tokens around the sliding window of 16; 8, 9, 11 new tokens, so the batch shrinks
-3 -> 2 -> 1); each output must equal HF's greedy output (prompts without a near-tie).
-Drafts come from the oracle drafter of `mtp_cpu_shim/` (SGLANG_TEST_MTP_ORACLE_DRAFTS:
-random drafter weights are almost never accepted), right for the first d tokens of a
-round, d = (round + offset) mod (steps + 2), so that every acceptance length runs (checked).
-The verify is FROZEN_KV_MTP's default on triton (the split-KV chain verify).
-CI time: the smallest models that keep each kind of layer (a 4-layer target, 2 query
-heads on 1 KV head, a 2-layer assistant): 36 s on 2 cores against 220 s on the tiny model.
+An index mixing up batch size and draft-token count shows only at concurrency and beyond
+3 steps (upstream sgl-project/sglang#32666). One engine per step count serves three
+greedy requests at once (batch 3 -> 2 -> 1), each equal to HF's. Drafts come from
+mtp_cpu_shim/'s oracle drafter, right for the first d tokens of a round so that every
+acceptance length runs (checked). Smallest models keeping each kind of layer (CI time).
 """
 import json
 import os

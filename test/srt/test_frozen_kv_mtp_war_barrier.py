@@ -1,12 +1,7 @@
 """Step war-barrier-verify-event: FROZEN_KV_MTP's WAR barrier waits on the verify graph's
-read-done event (as plain decode waits on its graph's), not on the whole forward.
-
-Stock: FrozenKVMTPWorkerV2 inherits EAGLE v2's barrier runner (the draft runner), which
-never publishes an event under the frozen drafter, so the scheduler always took
-``wait_stream(forward_stream)``. On 0.5.17 the step also makes the verify graph publish
-one under FROZEN_KV_MTP; 0.5.23's verify graph already does (its attention backend
-declares where the shared reads end). CPU only: the scheduler's barrier and the graph
-runner's ``execute`` run over stand-ins. Both bases (decided once: SHARED_READ_ENDS).
+read-done event, not on the whole forward (stock's barrier runner, the draft runner,
+never published one). On CPU: the scheduler's barrier and the graph runner's execute
+over stand-ins; both bases (SHARED_READ_ENDS).
 """
 import contextlib
 import types

@@ -1,10 +1,7 @@
-"""YOCO fast prefill under FROZEN_KV_MTP (Gemma-4 assistant drafter), on CPU, no engine.
-
-Step mtp-target-prefill-captures-last: the frozen-KV worker's target prefill asks for
-LAST hidden states, FULL only when a request, the server or the batch's spec_info needs
-every token's. Stock asked for FULL, so every prefill under MTP ran in full. Per MTP
-phase, whether YOCO fires is checked with the real predicate on real ForwardBatch
-objects, in the forward and capture modes that phase runs with.
+"""YOCO fast prefill under FROZEN_KV_MTP, on CPU, no engine. Step
+mtp-target-prefill-captures-last: the target prefill asks for LAST hidden states, FULL
+only when a request, the server or spec_info needs every token's (stock: always FULL, so
+YOCO never fired); per MTP phase, whether YOCO fires (the real predicate and batches).
 """
 
 import types
@@ -18,10 +15,7 @@ from test_kv_sharing_fast_prefill import make_batch, reason
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
-    ForwardMode,
-    get_required_capture_hidden_mode,
-)
+    CaptureHiddenMode, ForwardMode, get_required_capture_hidden_mode)
 from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
 from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPDraftInput
@@ -44,10 +38,7 @@ def ns_batch(mode=NULL, spec_info=None):
     return types.SimpleNamespace(return_hidden_states_mode=mode, spec_info=spec_info)
 
 
-# ------------------------------------------------ target_prefill_capture_mode
-# Its second argument is the server's mode, get_server_return_hidden_states_mode()'s
-# answer, which the worker computes (that function's arguments differ between
-# releases); the worker tests below publish real server settings.
+# target_prefill_capture_mode's second argument: the server's mode, which the worker computes
 
 
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last", fails_before=True)
@@ -94,10 +85,9 @@ class FakeTarget:
         else:
             last = torch.cumsum(torch.tensor(batch.extend_lens), 0) - 1
             hidden = full[last]
-        return types.SimpleNamespace(
-            logits_output=types.SimpleNamespace(hidden_states=hidden, mm_input_embeds=None),
-            next_token_ids=torch.arange(len(batch.extend_lens)) + 7,
-        )
+        out = types.SimpleNamespace(hidden_states=hidden, mm_input_embeds=None)
+        return types.SimpleNamespace(logits_output=out,
+                                     next_token_ids=torch.arange(len(batch.extend_lens)) + 7)
 
 
 # How the prefill branch enters the draft's TP group: 0.5.17 through the draft worker's
@@ -160,19 +150,15 @@ def published_server(**fields):
 def make_worker(draft, server_args):
     """FrozenKVMTPWorkerV2 without __init__ (which builds model runners)."""
     worker = object.__new__(fkv.FrozenKVMTPWorkerV2)
-    worker._target_worker = FakeTarget()
-    worker._draft_worker = draft
-    worker.server_args = server_args
+    worker._target_worker, worker._draft_worker, worker.server_args = FakeTarget(), draft, server_args
     return worker
 
 
 def extend_batch(extend_lens, return_hidden_states_mode=NULL):
     """A real ScheduleBatch for a prefill (reqs are placeholders: only their count is read)."""
     batch = ScheduleBatch(reqs=[types.SimpleNamespace() for _ in extend_lens])
-    batch.forward_mode = ForwardMode.EXTEND
-    batch.extend_lens = list(extend_lens)
-    batch.seq_lens = torch.tensor(extend_lens)
-    batch.return_hidden_states_mode = return_hidden_states_mode
+    batch.forward_mode, batch.extend_lens = ForwardMode.EXTEND, list(extend_lens)
+    batch.seq_lens, batch.return_hidden_states_mode = torch.tensor(extend_lens), return_hidden_states_mode
     return batch
 
 
@@ -203,29 +189,20 @@ def test_worker_target_prefill_asks_for_last():
     assert draft.tp_contexts == ["draft-tp-group"]
 
 
-@pytest.mark.parametrize(
-    "server, want",
-    [
-        ({}, LAST),
-        ({"return_hidden_states_mode": "last"}, LAST),
-        ({"return_hidden_states_mode": "full"}, FULL),
-        ({"enable_return_hidden_states": True}, FULL),
-    ],
-    ids=["default", "mode-last", "mode-full", "enable"],
-)
+@pytest.mark.parametrize("server, want", [
+    ({}, LAST), ({"return_hidden_states_mode": "last"}, LAST), ({"return_hidden_states_mode": "full"}, FULL),
+    ({"enable_return_hidden_states": True}, FULL),
+], ids=["default", "mode-last", "mode-full", "enable"])
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 def test_worker_target_prefill_follows_the_server(server, want):
-    """The worker reads the server's mode from the real settings (a request asks
-    for nothing here)."""
-    mode, _, _ = run_prefill([5, 9], server=server)
-    assert mode == want
+    # the server's mode, read from the real settings (no request asks for anything)
+    assert run_prefill([5, 9], server=server)[0] == want
 
 
 @pytest.mark.stack("yoco-mtp", step="mtp-target-prefill-captures-last")
 @pytest.mark.parametrize("rhs_mode", [NULL, LAST, FULL], ids=["NULL", "LAST", "FULL"])
 def test_real_seed_reads_each_requests_last_hidden_row(rhs_mode):
-    """With the real draft worker, the seed is each request's last prompt token's
-    hidden state whether the target captured LAST (one row per request) or FULL."""
+    # the real draft worker seeds from each request's last prompt token, LAST or FULL captured
     ext = [5, 9, 1, 3]
     mode, out, _ = run_prefill(ext, rhs_mode, draft=real_draft_worker())
     assert mode == (FULL if rhs_mode == FULL else LAST)
@@ -240,48 +217,36 @@ def test_real_seed_reads_each_requests_last_hidden_row(rhs_mode):
 # ------------------------------------------------ does YOCO fire, per MTP phase
 
 
-def test_phase_target_prefill_fires():
-    """Target prefill (EXTEND) with the mode the worker really asks for."""
-    mode, _, _ = run_prefill([5, 9, 1])
-    fb = make_batch([5, 9, 1])
+@pytest.mark.parametrize("ext, rhs_mode, want", [
+    ([5, 9, 1], NULL, None),
+    # a request that returns hidden states still runs in full (as every stock MTP prefill did)
+    ([5, 9, 1], FULL, "full_hidden_capture"),
+    ([1, 1], NULL, "one_token_per_request"),  # one new token each: nothing to save
+])
+def test_phase_target_prefill(ext, rhs_mode, want):
+    # target prefill (EXTEND) with the capture mode the worker really asks for
+    mode, _, _ = run_prefill(ext, return_hidden_states_mode=rhs_mode)
+    assert mode == (FULL if rhs_mode == FULL else LAST)
+    fb = make_batch(ext)
     fb.capture_hidden_mode = mode
-    assert reason(fb) is None
-    # a request that returns hidden states still takes the full computation (as did
-    # every target prefill of stock, which asked for FULL)
-    mode, _, _ = run_prefill([5, 9, 1], return_hidden_states_mode=FULL)
-    fb.capture_hidden_mode = mode
-    assert reason(fb) == "full_hidden_capture"
-
-
-def test_phase_target_prefill_of_single_tokens_does_not_fire():
-    """Every request has one new token: nothing to save."""
-    mode, _, _ = run_prefill([1, 1])
-    fb = make_batch([1, 1])
-    fb.capture_hidden_mode = mode
-    assert mode == LAST
-    assert reason(fb) == "one_token_per_request"
+    assert reason(fb) == want
 
 
 def test_phase_assistant_draft_steps_do_not_fire():
-    """Seed and recurrent draft steps: the ScheduleBatch is DECODE and
-    FrozenKVMTPDraftWorker.draft builds the assistant's ForwardBatch with
-    init_new on the draft runner (request mode NULL) raised by the seed's
-    spec_info capture mode, LAST."""
+    # seed and recurrent draft steps: DECODE, the seed's spec_info raising NULL to LAST
     _, out, _ = run_prefill([5, 9], draft=real_draft_worker())
     seed = out.next_draft_input
     mode = get_required_capture_hidden_mode(NULL, seed)
     assert mode == LAST
     fb = make_batch([5, 9], mode=ForwardMode.DECODE)
     fb.capture_hidden_mode = mode
-    # even if the assistant's model had a first shared layer, DECODE never fires
+    # even if the assistant's model had a first shared layer, DECODE never fires (and a
+    # draft worker plans nothing: test_kv_sharing_fast_prefill)
     assert reason(fb) == "forward_mode"
-    # and the assistant's draft worker plans no pass at all
-    # (test_kv_sharing_fast_prefill: a draft worker plans nothing)
 
 
 def test_phase_target_verify_does_not_fire():
-    """Target verify: eagle_prepare_for_verify sets TARGET_VERIFY; the verify
-    input from FrozenKVMTPDraftWorker.draft captures FULL."""
+    # TARGET_VERIFY, capturing FULL as the drafter's verify input asks
     fb = make_batch([4, 4], mode=ForwardMode.TARGET_VERIFY)
     fb.capture_hidden_mode = FULL
     assert reason(fb) == "forward_mode"

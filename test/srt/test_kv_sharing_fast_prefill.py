@@ -1,14 +1,7 @@
-"""YOCO fast prefill (--kv-sharing-fast-prefill) on CPU, for both tiny models.
-
-Unit: when a pass may take the fast path and why not (the reasons the pass
-counters carry), which rows it runs on, the plans the model runner's planner
-makes (eager, graphs, front half only) and what running them does, on rows of
-one stream (Gemma-4) and of several (Gemma-3n's AltUp), what each model declares.
-The backends' back-half metadata: test_attention_back_half_metadata.py.
-End to end, for the tiny Gemma-4 and the tiny Gemma-3n (the last 4 of 8 layers
-KV-shared): the engine with YOCO on equals YOCO off equals Hugging Face
-transformers in several batch mixes with chunked prefill, and the pass counters
-say where the fast path ran and where it was turned off.
+"""YOCO fast prefill (--kv-sharing-fast-prefill) on CPU: when a pass takes the fast path
+(and the skip reasons), which rows, the planner's plans and running them on one stream
+(Gemma-4) or several (Gemma-3n's AltUp); end to end, YOCO on == off == HF transformers
+for both tiny models (backends' back-half metadata: test_attention_back_half_metadata.py).
 """
 
 import dataclasses
@@ -19,27 +12,15 @@ import types
 import pytest
 import torch
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
-    _restore_kernels,
-    assert_same_batch,
-    assert_same_state,
-    back_half_backend_of,
-    backend_state,
-    batch_state,
-    make_batch,
-    make_torch_native_backend,
-    make_triton_backend,
-    set_deterministic,
+    _restore_kernels, assert_same_batch, assert_same_state, back_half_backend_of, backend_state,
+    batch_state, make_batch, make_torch_native_backend, make_triton_backend, set_deterministic,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-from sglang.srt.model_executor.forward_context import (
-    ForwardContext,
-    forward_context,
-    get_attn_backend,
-)
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context, get_attn_backend
 
 pytestmark = pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch")
 
@@ -48,9 +29,7 @@ HIDDEN, PLE = 6, 2
 
 
 def planner(attention=None, min_tokens=0, layers_to_capture=(), back_half=None, pp_size=1):
-    from sglang.srt.model_executor.kv_sharing_fast_prefill_planner import (
-        KVSharingFastPrefillPlanner,
-    )
+    from sglang.srt.model_executor.kv_sharing_fast_prefill_planner import KVSharingFastPrefillPlanner
 
     model = types.SimpleNamespace(layers_to_capture=list(layers_to_capture))
     back_half = back_half or yoco.KVSharedBackHalf([], FIRST_SHARED, END, HIDDEN, 0)
@@ -60,9 +39,6 @@ def planner(attention=None, min_tokens=0, layers_to_capture=(), back_half=None, 
 
 def reason(fb, layers_to_capture=(), pp_size=1, first=FIRST_SHARED, min_tokens=0):
     return yoco.fast_prefill_skip_reason(fb, first, layers_to_capture, pp_size, min_tokens)
-
-
-# ---------------------------------------------------------------- when it runs
 
 
 @pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch", fails_before=True)
@@ -113,16 +89,12 @@ def test_why_a_pass_keeps_the_full_computation(case, want):
         kwargs = {"capture": dict(layers_to_capture=arg), "pp": dict(pp_size=arg),
                   "first": dict(first=arg), "min_tokens": dict(min_tokens=arg)}[kind]
     got = reason(fb, **kwargs)
-    assert got == want
-    assert got is None or got in yoco.SKIP_REASONS
+    assert got == want and (got is None or got in yoco.SKIP_REASONS)
 
 
 def test_first_kv_shared_layer():
     assert yoco.first_kv_shared_layer(types.SimpleNamespace(num_hidden_layers=60, num_kv_shared_layers=0)) is None
     assert yoco.first_kv_shared_layer(types.SimpleNamespace(num_hidden_layers=42, num_kv_shared_layers=18)) == 24
-
-
-# ---------------------------------------------------------------- which rows
 
 
 @settings(max_examples=60, deadline=None)
@@ -138,8 +110,7 @@ def test_rows_are_last_tokens_of_finishing_requests(reqs):
 
 
 def test_finishing_requests_read_the_host_lengths_without_a_device_copy():
-    """Step prefill-lengths-on-host: a scheduler prefill carries orig_seq_lens on the host too; the
-    plan reads that, never the device tensor (a .tolist() there syncs)."""
+    # step prefill-lengths-on-host: the plan reads the host copy of orig_seq_lens, never the device's
     fb = make_batch([5, 9, 3], [0, 4, 0], [0, 7, 0])
     fb.orig_seq_lens_cpu = fb.orig_seq_lens.tolist()
     fb.orig_seq_lens = torch.empty(3, device="meta")  # reading it raises
@@ -148,9 +119,6 @@ def test_finishing_requests_read_the_host_lengths_without_a_device_copy():
     fb.orig_seq_lens_cpu = [5, 20]
     with pytest.raises(NotImplementedError, match="meta"):
         yoco._finishing_requests(fb, fb.seq_lens_cpu.tolist())
-
-
-# ---------------------------------------------------------------- the planner's plans
 
 
 def test_plan_builds_a_decode_shaped_back_half_batch():
@@ -171,16 +139,14 @@ def test_plan_builds_a_decode_shaped_back_half_batch():
     assert b.input_ids.tolist() == [103, 110, 113]
     assert b.extend_seq_lens is None and b.spec_info is None
     assert_same_batch(fb, before)  # the pass's own batch is untouched
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.batch = None
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.rows.token_index = None
+    for obj, field in ((plan, "batch"), (plan.rows, "token_index")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, field, None)
 
 
 def test_the_back_half_attends_in_its_own_context_and_leaves_the_pass_untouched():
-    """The KV-shared layers find the back half's backend inside active(), the
-    pass's again after it, also when they raise; the pass's backend and batch
-    are neither written nor replaced by planning or running the back half."""
+    # the back half's backend inside active(), the pass's after it (also on a raise); the
+    # pass's backend and batch neither written nor replaced
     be = make_triton_backend(15)
     fb = make_batch([9, 30, 4], [0, 4, 2], backend=be)
     be.init_forward_metadata(fb)  # the pass's own metadata
@@ -210,9 +176,7 @@ def test_a_pass_of_an_unfinished_chunk_only_runs_no_back_half():
 
 
 def test_the_planner_counts_prefill_passes_by_path(monkeypatch):
-    """Every prefill pass is counted once, by the path it took; decode passes
-    are not prefill passes. With a metrics name the counts go to Prometheus
-    too (sglang:kv_sharing_fast_prefill_passes_total)."""
+    # once per prefill pass, by path (decode passes are none); to Prometheus too with a metrics name
     from sglang.srt.model_executor import kv_sharing_fast_prefill_planner as kp
 
     p = planner(min_tokens=3)
@@ -224,19 +188,15 @@ def test_the_planner_counts_prefill_passes_by_path(monkeypatch):
     p.plan(_batch_with(return_logprob=True, extend_logprob_start_lens_cpu=[0, 9]))
     p.plan(make_batch([5, 9], mode=ForwardMode.MIXED))
     p.plan(make_batch([1, 1], mode=ForwardMode.DECODE))
-    assert p.pass_counts() == {
-        "fast": 2, "fast:chunk_only": 1, "full:one_token_per_request": 1,
-        "full:input_logprobs": 1, "full:forward_mode": 1,
-    }
+    assert p.pass_counts() == {"fast": 2, "fast:chunk_only": 1, "full:one_token_per_request": 1,
+                               "full:input_logprobs": 1, "full:forward_mode": 1}
     counter = kp._prometheus_counter()
     assert counter.labels(model_name="tiny", path="fast", reason="")._value.get() == 2
     assert counter.labels(model_name="tiny", path="full", reason="input_logprobs")._value.get() == 1
 
 
 def test_a_draft_worker_or_a_model_without_a_back_half_plans_nothing(monkeypatch):
-    """What the model runner asks at start-up: YOCO is for the target's prefill
-    (a draft worker's passes are drafts), and for a model that declares KV-shared
-    layers; the flag off, nothing is built."""
+    # YOCO is for the target's prefill of a model that declares KV-shared layers, with the flag on
     from sglang.srt.model_executor import kv_sharing_fast_prefill_planner as kp
 
     features = types.SimpleNamespace(kv_sharing_fast_prefill=True, kv_sharing_fast_prefill_min_tokens=0)
@@ -262,15 +222,10 @@ def test_a_draft_worker_or_a_model_without_a_back_half_plans_nothing(monkeypatch
     assert kp.KVSharingFastPrefillPlanner.for_model_runner(runner(4)) is None
 
 
-# ---------------------------------------------------------------- running a plan
-
-
 class StreamLayer(torch.nn.Module):
-    """A stand-in decoder layer: each row from its own hidden states (every
-    stream), its per-layer input and its request's geometry. ``streams`` 0:
-    rows are [tokens, hidden] and it returns (hidden, None) as this release's
-    decoder layers do; else [streams, tokens, hidden] and it returns the next
-    streams (Gemma-3n's)."""
+    """A decoder layer reading each row's hidden states, per-layer input and geometry.
+    ``streams`` 0: [tokens, hidden] rows, returns (hidden, None); else [streams, tokens,
+    hidden] rows, returns the next streams (Gemma-3n's)."""
 
     def __init__(self, i, streams):
         super().__init__()
@@ -302,10 +257,8 @@ def stream_rows(streams, n_tok, seed):
 
 @pytest.mark.parametrize("streams", [0, 3])
 def test_the_back_half_runs_each_finishing_requests_last_token_with_its_per_layer_inputs(streams):
-    """A plan's run on [tokens, hidden] or [streams, tokens, hidden] rows: each
-    finishing request's last token (every stream) equals the back half's layers
-    run there with the full pass's per-layer inputs of those layers; the other
-    rows keep the front half's values; the pass's backend and batch are unchanged."""
+    # finishing requests' last tokens: the back half's layers with the pass's per-layer
+    # inputs; other rows keep the front half's; the pass's backend and batch unchanged
     be = make_triton_backend(15)
     # request 1 is an unfinished chunk, request 2 has a single new token
     fb = make_batch([9, 30, 1, 4], [0, 4, 7, 2], [0, 5, 0, 0], backend=be)
@@ -334,9 +287,6 @@ def test_the_back_half_runs_each_finishing_requests_last_token_with_its_per_laye
     if "residual_stream" in batch_before:
         fb.residual_stream = batch_before["residual_stream"][0]
     assert_same_batch(fb, batch_before)
-
-
-# ---------------------------------------------------------------- backends' shapes
 
 
 def test_default_triton_back_half_stays_a_decode_step():
@@ -381,9 +331,7 @@ def test_deterministic_triton_back_half_window_starts_on_the_pass_tile():
 
 @pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch", bases=("0.5.23",))
 def test_back_half_batch_reads_through_a_plan_of_its_own_rows():
-    """0.5.23 reads the KV cache through the KVLocPlan bound to a batch, whose
-    tables are indexed by the batch's rows: the back half's batch (fewer rows)
-    reads through a plan of its own, and the pass's keeps the pass's."""
+    # 0.5.23's KVLocPlan is indexed by a batch's rows: the back half's batch binds its own
     be = make_triton_backend(15)
     # request 1 is an unfinished chunk: the back half has requests 0 and 2
     fb = make_batch([4, 6, 3], prefix_lens=[0, 2, 5], orig_extra=[0, 5, 0], backend=be)
@@ -396,9 +344,6 @@ def test_back_half_batch_reads_through_a_plan_of_its_own_rows():
     assert back.kv_loc_plan.seq_lens.tolist() == [4, 8]
 
 
-# ---------------------------------------------------------------- the models
-
-
 def _tiny_config(name):
     from tiny_gemma import GEMMA3N_TEXT_CONFIG as G3N, GEMMA4_TEXT_CONFIG as G4
 
@@ -408,9 +353,7 @@ def _tiny_config(name):
 @pytest.mark.stack("yoco-model", step="gemma3n-fast-prefill-branch")
 @pytest.mark.parametrize("name", ["gemma4", "gemma3n"])
 def test_each_text_model_declares_its_back_half(name):
-    """What the model runner finds (find_kv_shared_back_half) in a model: the
-    text model's KV-shared layers, Gemma-3n's with every AltUp stream and layers
-    that return their next streams; None without KV-shared layers."""
+    # its KV-shared layers (Gemma-3n's: every AltUp stream); None without KV-shared layers
     if name == "gemma4":
         from sglang.srt.models.gemma4_causal import Gemma4TextModel as Text
     else:
@@ -462,12 +405,8 @@ def test_gemma3n_with_kv_shared_layers_accepted(tmp_path):
 def test_gemma3n_without_kv_shared_layers_rejected(tmp_path):
     with pytest.raises(ValueError) as info:
         _gemma3n_args(tmp_path, num_kv_shared_layers=0)()
-    msg = str(info.value)
-    assert "--kv-sharing-fast-prefill" in msg and "Gemma-3n" in msg
-    assert "Gemma3nForCausalLM" in msg and "num_kv_shared_layers=0" in msg
-
-
-# ---------------------------------------------------------------- end to end
+    for part in ("--kv-sharing-fast-prefill", "Gemma-3n", "Gemma3nForCausalLM", "num_kv_shared_layers=0"):
+        assert part in str(info.value)
 
 MAX_NEW = 5
 CHUNK = 37  # odd, below several prompts: unfinished chunks and chunk tails
@@ -484,8 +423,7 @@ def _prompts(seed, n, vocab=512):
 
 
 class Served:
-    """One tiny model served with YOCO off and on (otherwise the same engine:
-    chunked prefill at an odd chunk, room for a batch of 160), and its HF reference."""
+    """One tiny model served with YOCO off and on (chunked at an odd chunk), its HF reference."""
 
     def __init__(self, name, model_dir, tmp_path_factory):
         from cpu_engine import YOCO, HFReference, decisive_prompts, start_engine
@@ -519,8 +457,7 @@ class Served:
         return self.engines[on].get_server_info()["internal_states"][0].get("kv_sharing_fast_prefill_passes")
 
     def run(self, on, groups, **extra):
-        """Outputs of each group sent as one batch, after a cache flush; and the
-        pass counters' increase meanwhile."""
+        """Outputs of each group sent as one batch after a cache flush; the counters' increase."""
         import time
 
         from cpu_engine import engine_greedy
@@ -555,23 +492,16 @@ def served(request, tmp_path_factory):
 
 @pytest.mark.stack("yoco-model")
 def test_yoco_on_equals_off_equals_hf(served):
-    """Three batch mixes (every prompt at once, groups, one by one), with prefix
-    hits, 1-token prompts next to long ones and chunks of an odd size, then 160
-    short requests at once: YOCO on gives YOCO off's tokens and logprobs, and
-    both give HF's. The pass counters: with YOCO on the fast path ran in each
-    mix, and a pass that held only an unfinished chunk ran no back half; with it
-    off there are none. Every plan read the requests' lengths from the host."""
+    """Batch mixes with prefix hits, 1-token prompts and odd chunks, then 160 requests at
+    once: YOCO on == off == HF; the fast path ran in each mix (chunk-only passes too), the
+    lengths were read from the host."""
     from cpu_engine import assert_same_greedy
 
     prompts = [list(p) for p in served.ref]
     rng = random.Random(5)
     many = [[rng.randrange(3, 512) for _ in range(rng.randrange(1, 40))] for _ in range(160)]
-    mixes = {
-        "batch": [prompts],
-        "groups": [prompts[:4], prompts[4:5], prompts[5:]],
-        "single": [[p] for p in prompts],
-        "many": [many],
-    }
+    mixes = {"batch": [prompts], "groups": [prompts[:4], prompts[4:5], prompts[5:]],
+             "single": [[p] for p in prompts], "many": [many]}
     for mix, groups in mixes.items():
         (on, fired), (off, none) = served.run(True, groups), served.run(False, groups)
         for i, (a, b) in enumerate(zip(on, off)):
@@ -589,9 +519,7 @@ def test_yoco_on_equals_off_equals_hf(served):
 
 @pytest.mark.stack("yoco-model")
 def test_input_logprobs_turn_it_off_for_their_batch_only(served):
-    """A batch with a request for input logprobs runs every layer on every
-    token (counted with that reason, no pass of it fast), with YOCO off's
-    outputs; the next batch without takes the fast path again."""
+    # a batch asking for input logprobs runs in full (YOCO off's outputs); the next is fast again
     rng = random.Random(8)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (10, 12, 9)]  # one pass
     outs, counts = {}, {}
@@ -606,9 +534,7 @@ def test_input_logprobs_turn_it_off_for_their_batch_only(served):
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
 def test_unset_min_tokens_serves_with_the_default(model_dir):
-    """--kv-sharing-fast-prefill-min-tokens unset through the engine: on CPU the
-    back half is not captured in CUDA graphs, so start-up resolves it to 4096;
-    a 60-token pass keeps the full computation, a 4200-token one takes the fast path."""
+    # unset on CPU (no back-half graphs): 4096, so a 60-token pass runs in full, a 4200-token one fast
     from cpu_engine import engine_greedy, start_engine
 
     rng = random.Random(9)

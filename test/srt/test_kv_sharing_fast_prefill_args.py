@@ -1,16 +1,9 @@
-"""--kv-sharing-fast-prefill (Gemma-4 YOCO fast prefill): the server argument
-and the start-up checks in arg_groups/kv_sharing_fast_prefill_hook.py, table by table
-(its architectures, speculative algorithms, attention backends, unsupported features).
-
-Models are config-only checkpoints (ServerArgs reads config.json, no weights)
-shaped like the real Gemma-4 text configs: E2B (35 layers, 20 KV-shared) and
-E4B (42/18) are accepted, 26B-A4B (MoE) and 31B (no KV-shared layers) and a
-non-Gemma model are rejected. Most cases go through ServerArgs on CPU
-(device=cpu, attention_backend=torch_native), which is what
-sglang.Engine(**kwargs) and launch_server build. Cases that ServerArgs blocks on
-a CPU-only machine before the hook runs (GPU-only attention backends,
-DFLASH/DSPARK, multi-item scoring) call the hook on a resolved ServerArgs with
-the setting overridden.
+"""--kv-sharing-fast-prefill: the server argument and the start-up checks of
+arg_groups/kv_sharing_fast_prefill_hook.py, table by table, on config-only checkpoints
+shaped like the real Gemma-4 text configs (E2B, E4B accepted; 26B-A4B, 31B, non-Gemma
+rejected). Most cases go through ServerArgs on CPU (what sglang.Engine and launch_server
+build); what ServerArgs blocks on CPU before the hook runs calls the hook on a resolved
+ServerArgs with the setting overridden.
 """
 
 import argparse
@@ -40,15 +33,9 @@ FLAG = "--kv-sharing-fast-prefill"
 HOOK_LOGGER = "sglang.srt.arg_groups.kv_sharing_fast_prefill_hook"
 
 
-# --------------------------------------------------------------------------- models
-
-
 def _layer_types(num_layers, period):
     """Gemma-4 pattern: (period - 1) sliding layers, then one full layer."""
-    return [
-        "full_attention" if (i + 1) % period == 0 else "sliding_attention"
-        for i in range(num_layers)
-    ]
+    return ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(num_layers)]
 
 
 # 26B-A4B and 31B: K = V on full layers, no per-layer inputs
@@ -84,16 +71,10 @@ def gemma4_assistant_config():
     text.update(num_hidden_layers=4, num_kv_shared_layers=4, layer_types=_layer_types(4, 4),
                 hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
                 use_double_wide_mlp=False)
-    return {
-        "architectures": ["Gemma4AssistantForCausalLM"],
-        "model_type": "gemma4_assistant",
-        "backbone_hidden_size": GEMMA4_TEXT_CONFIG["hidden_size"],
-        "use_ordered_embeddings": True,
-        "num_centroids": 16,
-        "centroid_intermediate_top_k": 4,
-        "tie_word_embeddings": True,
-        "text_config": text,
-    }
+    return dict(architectures=["Gemma4AssistantForCausalLM"], model_type="gemma4_assistant",
+                backbone_hidden_size=GEMMA4_TEXT_CONFIG["hidden_size"], use_ordered_embeddings=True,
+                num_centroids=16, centroid_intermediate_top_k=4, tie_word_embeddings=True,
+                text_config=text)
 
 
 CONFIGS = {
@@ -118,8 +99,6 @@ def model(tmp_path):
 
     return make
 
-
-# --------------------------------------------------------------------------- helpers
 
 BASE_KWARGS = dict(device="cpu", attention_backend="torch_native", skip_tokenizer_init=True,
                    kv_sharing_fast_prefill=True)
@@ -152,19 +131,17 @@ def reject(fn, *args, **kwargs) -> str:
 def handle(args):
     """The hook on a resolved copy, taking its decisions as during resolution
     (0.5.17 seals the record after it; 0.5.23 declares them)."""
-    if DECLARES:
-        hook.handle_kv_sharing_fast_prefill(args)
-        return args
-    object.__setattr__(args, "_in_override", True)
+    if not DECLARES:
+        object.__setattr__(args, "_in_override", True)
     try:
         hook.handle_kv_sharing_fast_prefill(args)
     finally:
-        object.__setattr__(args, "_in_override", False)
+        if not DECLARES:
+            object.__setattr__(args, "_in_override", False)
     return args
 
 
 def run_hook(args, **fields):
-    """Run the hook on with_fields(args, **fields)."""
     return handle(with_fields(args, **fields))
 
 
@@ -185,9 +162,6 @@ def prefill_graph(args):
 @pytest.fixture
 def e4b_resolved(model):
     return server_args(model("E4B"))
-
-
-# --------------------------------------------------------------------------- the flag
 
 
 @pytest.mark.stack("yoco-flag", step="kv-sharing-fast-prefill-arg", fails_before=True)
@@ -228,7 +202,6 @@ def test_min_tokens_default_cli_and_exec_features(model):
     from sglang.srt.runtime_context import get_exec
     from sglang.srt.server_args import ServerArgs
 
-    # unset: resolved once at start-up, by the hook
     assert ServerArgs(model_path="dummy").kv_sharing_fast_prefill_min_tokens is None
     argv = ["--model-path", model("E4B")] + CPU_ARGV
     args = server_args_from_cli(argv + [FLAG, "--kv-sharing-fast-prefill-min-tokens", "0"])
@@ -244,8 +217,6 @@ def test_negative_min_tokens_rejected(model):
 
 @pytest.mark.stack("yoco-flag", step="min-tokens-without-flag-warns", fails_before=True)
 def test_min_tokens_without_the_flag_warns(model, caplog):
-    """Accepted silently, --kv-sharing-fast-prefill-min-tokens alone read as if YOCO
-    were tuned while it was off."""
     argv = ["--model-path", model("E4B")] + CPU_ARGV
     args, _, warnings = logged(
         caplog, server_args_from_cli, argv + ["--kv-sharing-fast-prefill-min-tokens", "100"])
@@ -262,24 +233,19 @@ CLI_VS_KWARGS = {
     "E4B accepted": ({}, []),
     "26B-A4B rejected": ({"model": "26B-A4B"}, []),
     "pipeline parallel rejected": ({"pp_size": 2}, ["--pp-size", "2"]),
-    "EAGLE rejected": (
-        {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "E4B"},
-        ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "E4B"],
-    ),
+    "EAGLE rejected": ({"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "E4B"},
+                       ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "E4B"]),
     "pinned full prefill graph rejected": (
         {"attention_backend": "triton", "cuda_graph_backend_prefill": "full"},
-        ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "full"],
-    ),
+        ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "full"]),
     "pinned breakable prefill graph accepted": (
         {"attention_backend": "triton", "cuda_graph_backend_prefill": "breakable"},
-        ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "breakable"],
-    ),
+        ["--attention-backend", "triton", "--cuda-graph-backend-prefill", "breakable"]),
 }
 
 
 @pytest.mark.parametrize("case", list(CLI_VS_KWARGS))
 def test_cli_and_engine_kwargs_decide_alike(model, case):
-    """The flag round-trips the CLI, and both ways to start decide alike."""
     kwargs, extra_argv = copy.deepcopy(CLI_VS_KWARGS[case])
     path = model(kwargs.pop("model", "E4B"))
     if kwargs.get("speculative_draft_model_path"):
@@ -297,13 +263,8 @@ def test_cli_and_engine_kwargs_decide_alike(model, case):
 
     from_kwargs = outcome(lambda: server_args(path, **kwargs))
     assert from_kwargs == outcome(lambda: server_args_from_cli(argv))
-    if case.endswith("accepted"):
-        assert from_kwargs[:2] == ("accepted", True)
-    else:
-        assert from_kwargs[0] == "rejected"
-
-
-# --------------------------------------------------------------------------- models
+    assert from_kwargs[:2] == ("accepted", True) if case.endswith("accepted") else (
+        from_kwargs[0] == "rejected")
 
 
 @pytest.mark.parametrize("variant", ["E2B", "E4B"])
@@ -314,23 +275,16 @@ def test_gemma4_with_kv_shared_layers_accepted(model, caplog, variant):
     assert resolved(args, "kv_sharing_fast_prefill") is True
     # min-tokens unset: resolved once, here, with the reason in the line
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
-    assert line.startswith(
-        f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
-        f"of {num_layers}; prefill passes of >= 4096 new tokens (unset: "
-    )
-    assert (
-        f") run layers {first_shared}-{num_layers - 1} for the last token of each "
-        "request only"
-    ) in line
+    assert line.startswith(f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
+                           f"of {num_layers}; prefill passes of >= 4096 new tokens (unset: ")
+    assert f") run layers {first_shared}-{num_layers - 1} for the last token of each request only" in line
     _, (line,), _ = logged(caplog, server_args, model(variant),
                            kv_sharing_fast_prefill_min_tokens=64)
     assert "passes of >= 64 new tokens (--kv-sharing-fast-prefill-min-tokens)" in line
 
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs", fails_before=True)
-def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(
-    model, caplog, monkeypatch
-):
+def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(model, caplog, monkeypatch):
     from sglang.srt.runtime_context import get_exec
 
     # on this CPU-only machine the back half runs eager: the default stays
@@ -356,8 +310,7 @@ def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
 def test_when_start_up_captures_the_back_half(monkeypatch):
-    """The decision itself, on the settings it reads (each release reads them
-    from its own resolved record through kv_sharing_fast_prefill_settings)."""
+    # the decision itself, on the settings it reads through kv_sharing_fast_prefill_settings
     import types
 
     from sglang.srt.arg_groups import kv_sharing_fast_prefill_settings as settings
@@ -393,9 +346,8 @@ def test_when_start_up_captures_the_back_half(monkeypatch):
     ("llama", "LlamaForCausalLM", 0, 2),
     ("llama-kv-shared", "LlamaForCausalLM", 1, 2),
 ])
-def test_model_without_kv_shared_layers_or_fast_prefill_rejected(
-    model, name, architecture, num_shared, num_layers
-):
+def test_model_without_kv_shared_layers_or_fast_prefill_rejected(model, name, architecture, num_shared,
+                                                                 num_layers):
     msg = reject(server_args, model(name))
     assert (f"has architecture {architecture} with num_kv_shared_layers={num_shared} "
             f"(num_hidden_layers={num_layers}). Drop {FLAG} for this model.") in msg
@@ -414,9 +366,6 @@ def test_every_fast_prefill_architecture_accepted(e4b_resolved, architecture):
     config.hf_config.architectures = [architecture]
     args = with_model_config(e4b_resolved, config)
     assert hook._check_model(args) == (24, 42)
-
-
-# --------------------------------------------------------------------------- spec
 
 
 @pytest.mark.parametrize("algorithm, named", [
@@ -447,9 +396,6 @@ def test_speculative_needing_the_last_token_accepted(model, algorithm, draft, re
     assert resolved(args, "speculative_algorithm") == resolved_as
     assert resolved(args, "kv_sharing_fast_prefill") is True
     assert resolved_as in hook.ALLOWED_SPECULATIVE_ALGORITHMS
-
-
-# --------------------------------------------------------------------------- attention
 
 
 @pytest.mark.parametrize("device, backend", [
@@ -483,18 +429,13 @@ def test_other_attention_backends_rejected(e4b_resolved, fields, phase, backend)
             f"--{phase}-attention-backend) to one of those, or drop {FLAG}.") in msg
 
 
-@pytest.mark.parametrize(
-    "prefill, decode", [("triton", "trtllm_mha"), ("trtllm_mha", "triton")]
-)
+@pytest.mark.parametrize("prefill, decode", [("triton", "trtllm_mha"), ("trtllm_mha", "triton")])
 def test_split_prefill_and_decode_backends_rejected(e4b_resolved, prefill, decode):
     # HybridAttnBackend: the back half would run on the other phase's backend.
     msg = reject(run_hook, e4b_resolved, device="cuda",
                  prefill_attention_backend=prefill, decode_attention_backend=decode)
     assert f"(got prefill {prefill!r}, decode {decode!r})" in msg
     assert "--attention-backend" in msg
-
-
-# --------------------------------------------------------------------------- features
 
 
 # Each of the hook's UNSUPPORTED_FEATURES: [(settings that turn it on, through ServerArgs
@@ -544,21 +485,12 @@ def test_unsupported_features_rejected(model, feature, on, on_resolved, got, fix
     assert fix in instead and f"{instead}, or drop {FLAG}." in msg
 
 
-# --------------------------------------------------------------------------- CUDA graph
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        dict(cuda_graph_backend_prefill="full"),
-        dict(cuda_graph_config={"prefill": {"backend": "full"}}),
-        # Breakable is kept only below the threshold: 0 sends every pass to
-        # the fast path, 4 leaves no capture size (the smallest is 4) below it.
-        dict(cuda_graph_backend_prefill="breakable", kv_sharing_fast_prefill_min_tokens=0),
-        dict(cuda_graph_backend_prefill="breakable", kv_sharing_fast_prefill_min_tokens=4),
-    ],
-    ids=["--cuda-graph-backend-prefill", "--cuda-graph-config", "breakable-min0", "breakable-min4"],
-)
+@pytest.mark.parametrize("overrides", [
+    dict(cuda_graph_backend_prefill="full"), dict(cuda_graph_config={"prefill": {"backend": "full"}}),
+    # Breakable is kept only below the threshold: 0 sends every pass to
+    # the fast path, 4 leaves no capture size (the smallest is 4) below it.
+    *[dict(cuda_graph_backend_prefill="breakable", kv_sharing_fast_prefill_min_tokens=m) for m in (0, 4)],
+], ids=["--cuda-graph-backend-prefill", "--cuda-graph-config", "breakable-min0", "breakable-min4"])
 def test_pinned_prefill_cuda_graph_rejected(model, overrides):
     msg = reject(server_args, model("E4B"), attention_backend="triton", **overrides)
     for part in ("prefill CUDA graph", "set explicitly", "--kv-sharing-fast-prefill-min-tokens",
@@ -568,8 +500,7 @@ def test_pinned_prefill_cuda_graph_rejected(model, overrides):
 
 @pytest.mark.parametrize("min_tokens", [4096, 1024, 300])
 def test_breakable_prefill_graph_capped_below_threshold(model, caplog, min_tokens):
-    """Passes below min-tokens run the full computation and keep their graph;
-    every capture size at or above it is dropped, so those passes run eager."""
+    # passes below min-tokens keep their graph; capture sizes at or above it are dropped
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     breakable = dict(attention_backend="triton", cuda_graph_backend_prefill="breakable")
@@ -593,7 +524,7 @@ def _with_prefill_graph(args, **prefill):
 
 
 def test_defaulted_breakable_prefill_graph_capped_quietly(e4b_resolved, caplog):
-    """The CUDA default (breakable, as a GPU server resolves it) is capped too."""
+    # the CUDA default (breakable, as a GPU server resolves it) is capped too
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     on_gpu, _ = _with_prefill_graph(e4b_resolved, backend=Backend.BREAKABLE,
@@ -616,8 +547,7 @@ def test_pinned_capture_sizes_above_threshold_dropped_with_warning(model, caplog
 
 
 def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(e4b_resolved, caplog):
-    """A prefill graph nobody set (a platform's or a model's default) that is not
-    breakable cannot be kept: it is turned off, decode graphs stay."""
+    # a defaulted prefill graph that is not breakable is turned off; decode graphs stay
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     args, config = _with_prefill_graph(e4b_resolved, backend=Backend.FULL)
@@ -627,15 +557,11 @@ def test_defaulted_prefill_cuda_graph_turned_off_with_one_warning(e4b_resolved, 
     assert "Disabling prefill CUDA graph" in warning and FLAG in warning
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [dict(disable_prefill_cuda_graph=True), dict(disable_cuda_graph=True)],
-    ids=["--disable-prefill-cuda-graph", "--disable-cuda-graph"],
-)
+@pytest.mark.parametrize("overrides", [dict(disable_prefill_cuda_graph=True), dict(disable_cuda_graph=True)],
+                         ids=["--disable-prefill-cuda-graph", "--disable-cuda-graph"])
 def test_disabled_prefill_cuda_graph_accepted_quietly(model, caplog, overrides):
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    args, _, warnings = logged(caplog, server_args, model("E4B"), attention_backend="triton",
-                               **overrides)
+    args, _, warnings = logged(caplog, server_args, model("E4B"), attention_backend="triton", **overrides)
     assert prefill_graph(args).backend == Backend.DISABLED
     assert not warnings

@@ -1,13 +1,8 @@
-"""The back half of YOCO fast prefill replayed from CUDA graphs, on CPU.
-
-CUDA graphs themselves need a GPU (benchmark/yoco_gemma4 checks them there). Here
-the graph is stood in for by a replay that runs the same captured function over
-the same static buffers, so what is tested is everything around the capture:
-which graph a pass picks, how its rows, per-layer inputs and request geometry are
-staged and padded, that the result equals the eager back half row for row, that
-the back half's triton backend builds in its CUDA-graph buffers the key lists
-the eager back half attends (W + 1 sliding-window keys), what the model declares
-to the model runner, and when start-up captures nothing.
+"""The back half of YOCO fast prefill replayed from CUDA graphs, on CPU: a replay reruns
+the captured function over the same static buffers (real graphs: benchmark/yoco_gemma4),
+so what is tested is around the capture: which graph a pass picks, how rows, per-layer
+inputs and geometry are staged and padded, equality with the eager back half, the graph
+backend's key lists, and when start-up captures.
 """
 
 import importlib.util
@@ -18,11 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
-    _restore_kernels,
-    make_batch,
-    make_torch_native_backend,
-    make_triton_backend,
-)
+    _restore_kernels, make_batch, make_torch_native_backend, make_triton_backend)
 from test_kv_sharing_fast_prefill import FIRST_SHARED, planner, stream_back_half, stream_rows
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco
@@ -47,11 +38,8 @@ class FakeLayer(torch.nn.Module):
         self.i = i
 
     def forward(self, positions, hidden_states, per_layer_input, forward_batch):
-        geo = (
-            positions.double()
-            + 0.5 * forward_batch.seq_lens.double()
-            + 0.25 * forward_batch.req_pool_indices.double()
-        )
+        fb = forward_batch
+        geo = positions.double() + 0.5 * fb.seq_lens.double() + 0.25 * fb.req_pool_indices.double()
         out = hidden_states * (1.0 + 0.1 * self.i) + geo[:, None]
         out = out + per_layer_input.sum(-1, keepdim=True) * (self.i + 1)
         return (out, None) if LAYER_RETURNS_PAIR else out
@@ -92,14 +80,9 @@ def back_half(layers=None):
 def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None, declared=None):
     """Graphs of ``declared`` (default: back_half(layers)), as capture() records them,
     without a GPU."""
-    g = kr.KVSharedBackHalfGraphRunner(
-        declared or back_half(layers),
-        yoco.BackHalfAttention(backend or FakeBackend()),
-        list(capture_bs),
-        torch.float64,
-        "cpu",
-    )
-    for bs in g.capture_bs:  # what capture() records, without a GPU
+    g = kr.KVSharedBackHalfGraphRunner(declared or back_half(layers), yoco.BackHalfAttention(
+        backend or FakeBackend()), list(capture_bs), torch.float64, "cpu")
+    for bs in g.capture_bs:
         g.batches[bs] = g._batch(bs)
         g.outputs[bs] = torch.zeros_like(g._rows(g.hidden, bs))
         g.graphs[bs] = EagerReplay(g, bs)
@@ -126,18 +109,11 @@ def test_a_pass_replays_the_smallest_graph_that_holds_its_rows():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    st.lists(
-        st.tuples(st.integers(1, 30), st.integers(0, 40), st.booleans()),
-        min_size=1,
-        max_size=10,
-    )
-)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(0, 40), st.booleans()), min_size=1, max_size=10))
 def test_graph_replay_equals_the_eager_back_half(reqs):
     attn = eager_attention()
     ext = [e for e, _, _ in reqs]
-    pre = [p for _, p, _ in reqs]
-    fb = make_batch(ext, pre, [9 if c else 0 for c in (c for _, _, c in reqs)])
+    fb = make_batch(ext, [p for _, p, _ in reqs], [9 if c else 0 for _, _, c in reqs])
     n_tok = sum(ext)
     gen = torch.Generator().manual_seed(n_tok)
     hidden = torch.randn(n_tok, HIDDEN, generator=gen, dtype=torch.float64)
@@ -180,12 +156,10 @@ def test_graph_replay_equals_the_eager_back_half(reqs):
     reqs=st.lists(st.tuples(st.integers(1, 90), st.integers(0, 90)), min_size=1, max_size=6),
 )
 def test_graph_backend_keys_are_the_eager_back_half_keys(window, reqs):
-    """The graph's triton backend (decode metadata, CUDA-graph buffers) hands the
-    decode kernel the same key lists as the eager back half's metadata, which
-    builds its W + 1 window itself: the decode window is W + 1 keys (step triton-decode-sliding-window-width)."""
+    """The graph's triton backend (decode metadata in CUDA-graph buffers) hands the kernel
+    the eager back half's key lists: W + 1 window keys (step triton-decode-sliding-window-width)."""
     ext = [e for e, _ in reqs]
-    pre = [p for _, p in reqs]
-    fb = make_batch(ext, pre)
+    fb = make_batch(ext, [p for _, p in reqs])
     rows = yoco.back_half_rows(fb, FIRST_SHARED)
     eager_be = make_triton_backend(window)
     back = yoco.make_back_half_batch(fb, rows)
@@ -279,12 +253,8 @@ def test_capture_records_every_batch_size_under_its_own_backend(monkeypatch):
 
 
 def _model_runner(decode_bs):
-    return types.SimpleNamespace(
-        server_args=types.SimpleNamespace(enable_cudagraph_gc=False),
-        dtype=torch.float64,
-        device="cpu",
-        decode_bs=decode_bs,
-    )
+    return types.SimpleNamespace(server_args=types.SimpleNamespace(enable_cudagraph_gc=False),
+                                 dtype=torch.float64, device="cpu", decode_bs=decode_bs)
 
 
 def _start_up(monkeypatch, window=15):
@@ -330,9 +300,7 @@ def test_start_up_captures_nothing_without_a_decode_graph_size_that_fits(monkeyp
 
 @pytest.mark.parametrize("decided", [True, False])
 def test_the_planner_captures_where_start_up_decided(monkeypatch, decided):
-    """The server-argument hook decides once whether the back half runs in CUDA
-    graphs (kv_sharing_fast_prefill_back_half_graphs); the planner captures
-    there and nowhere else, and plans passes on what it captured."""
+    # the hook's kv_sharing_fast_prefill_back_half_graphs: captured there only, and planned on
     from sglang.srt.model_executor import kv_sharing_fast_prefill_planner as kp
 
     features = types.SimpleNamespace(kv_sharing_fast_prefill_back_half_graphs=decided)
@@ -349,9 +317,7 @@ def test_the_planner_captures_where_start_up_decided(monkeypatch, decided):
 @pytest.mark.parametrize("streams", [0, 3])
 @pytest.mark.parametrize("reqs", [[(5, 0)], [(3, 2), (9, 0), (4, 7)], [(2, 0)] * 5])
 def test_a_graph_plan_replays_what_the_eager_plan_runs(streams, reqs):
-    """The back half's graphs (captured where the planner found them) stage
-    the rows along the token dimension into buffers sized by the declared
-    streams, and return what the eager back half computes."""
+    # rows staged along the token dimension into buffers sized by the declared streams
     declared = stream_back_half(streams)
     graphs = make_graphs(declared=declared)
     assert graphs.hidden.shape == ((streams,) if streams else ()) + (8, declared.hidden_size)

@@ -1,13 +1,8 @@
-"""Step one-node-greedy-verify-tail (speculative/one_node_greedy_verify.py): FROZEN_KV_MTP's
-0-step round (one verify node per request) on an all-greedy batch skips the stock tree
-sampling and takes the target's argmax.
-
-``run_eagle_verify`` with the tail returns what it returns without it, with and without
-the bench's simulated acceptance; the stock side runs its Triton kernels under Triton's
-interpreter (only the target forward and the slot planning are stand-ins). Every batch
-the stock sampling must see falls through (the tail returns None), and the worker gets
-the tail only where its verify needs nothing per step. Both bases; 0.5.23's verify has
-more per-step work (watermark, HiSparse, mamba tracking), tested there only.
+"""Step one-node-greedy-verify-tail: FROZEN_KV_MTP's 0-step round on an all-greedy batch
+skips the stock tree sampling and takes the target's argmax. run_eagle_verify with the
+tail returns what it returns without it (stock's Triton kernels under Triton's interpreter;
+target forward and slot planning stood in); every batch the stock sampling must see falls
+through, and the worker gets the tail only where its verify needs nothing per step.
 """
 
 import inspect
@@ -36,14 +31,8 @@ def _verify_takes(name):
 
 
 def sampling(**kw):
-    info = dict(
-        is_all_greedy=True,
-        acc_additive_penalties=None,
-        acc_scaling_penalties=None,
-        logit_bias=None,
-    )
-    info.update(kw)
-    return types.SimpleNamespace(**info)
+    return types.SimpleNamespace(**{**dict(is_all_greedy=True, acc_additive_penalties=None,
+                                           acc_scaling_penalties=None, logit_bias=None), **kw})
 
 
 def one_node_batch(bs, seed=0, **kw):
@@ -53,28 +42,15 @@ def one_node_batch(bs, seed=0, **kw):
     batch = ScheduleBatch(reqs=[types.SimpleNamespace() for _ in range(bs)])
     batch.forward_mode = ForwardMode.DECODE
     batch.seq_lens = torch.randint(5, 500, (bs,), generator=g)
-    batch.sampling_info = sampling()
-    batch.return_logprob = False
-    batch.has_grammar = False
-    batch.device = "cpu"
-    for k, v in kw.items():
+    for k, v in {**dict(sampling_info=sampling(), return_logprob=False, has_grammar=False, device="cpu"),
+                 **kw}.items():
         setattr(batch, k, v)
     bonus = torch.randint(0, VOCAB, (bs,), generator=g)
     verify_input = EagleVerifyInput(
-        draft_token=bonus,
-        custom_mask=None,
-        positions=batch.seq_lens.clone(),
-        retrieve_index=torch.arange(bs).unsqueeze(1),
-        retrieve_next_token=torch.full((bs, 1), -1),
-        retrieve_next_sibling=torch.full((bs, 1), -1),
-        retrieve_cum_len=None,
-        spec_steps=0,
-        topk=1,
-        draft_token_num=1,
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-        seq_lens_sum=None,
-        seq_lens_cpu=None,
-    )
+        draft_token=bonus, custom_mask=None, positions=batch.seq_lens.clone(),
+        retrieve_index=torch.arange(bs).unsqueeze(1), retrieve_next_token=torch.full((bs, 1), -1),
+        retrieve_next_sibling=torch.full((bs, 1), -1), retrieve_cum_len=None, spec_steps=0, topk=1,
+        draft_token_num=1, capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=None, seq_lens_cpu=None)
     batch.spec_info = verify_input
     # ties included: a few rows repeat their maximum
     logits = torch.randn(bs, VOCAB, generator=g)
@@ -108,20 +84,10 @@ def verify_round(batch, logits, tail):
     # 0.5.17's verify takes the step count; 0.5.23's reads it from the input
     steps = dict(num_steps=0) if _verify_takes("num_steps") else {}
     result = common.run_eagle_verify(
-        batch,
-        target_worker=target,
-        req_to_token_pool=None,
-        token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: object()),
-        plan_stream=None,
-        plan_stream_ctx=nullcontext(),
-        topk=1,
-        **steps,
-        num_draft_tokens=1,
-        device="cpu",
-        metadata_ready_pre_pad=False,
-        finalize_tree_path=True,
-        one_node_tail=tail,
-    )
+        batch, target_worker=target, req_to_token_pool=None,
+        token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: object()), plan_stream=None,
+        plan_stream_ctx=nullcontext(), topk=1, **steps, num_draft_tokens=1, device="cpu",
+        metadata_ready_pre_pad=False, finalize_tree_path=True, one_node_tail=tail)
     assert result.extra_keep_alive_refs == [forward_batch]
     assert result.logits_output is logits_output
     return result
@@ -197,30 +163,20 @@ def test_tail_returns_what_the_stock_sampling_returns(interpreted, sim, bs):
 def _takes_tail(worker, verify_changes=None, **batch_changes):
     batch, verify_input, logits = one_node_batch(3, **batch_changes)
     verify_input.__dict__.update(verify_changes or {})
-    out = types.SimpleNamespace(
-        logits_output=types.SimpleNamespace(next_token_logits=logits),
-        routed_experts_output=None,
-        indexer_topk_output=None,
-    )
+    out = types.SimpleNamespace(logits_output=types.SimpleNamespace(next_token_logits=logits),
+                                routed_experts_output=None, indexer_topk_output=None)
     return tail_mod.OneNodeGreedyVerifyTail(worker)(batch, verify_input, out, None, True) is not None
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        dict(has_grammar=True),
-        dict(return_logprob=True),
-        dict(sampling_info=sampling(is_all_greedy=False)),
-        dict(sampling_info=sampling(acc_additive_penalties=torch.zeros(3, 1))),
-        dict(sampling_info=sampling(acc_scaling_penalties=torch.ones(3, 1))),
-        dict(sampling_info=sampling(logit_bias=torch.zeros(3, VOCAB))),
-        dict(forward_mode=ForwardMode.IDLE),
-        dict(verify_changes=dict(draft_token_num=4)),  # a drafted round
-        dict(worker=dict(kv_cache=types.SimpleNamespace(clear_unaccepted_c128_draft_states=lambda *a: None))),
-    ],
-    ids=["grammar", "logprob", "sampling", "additive", "scaling", "logit_bias", "idle", "drafted",
-         "kv_cache_clears_draft_states"],
-)
+@pytest.mark.parametrize("change", [
+    dict(has_grammar=True), dict(return_logprob=True), dict(sampling_info=sampling(is_all_greedy=False)),
+    dict(sampling_info=sampling(acc_additive_penalties=torch.zeros(3, 1))),
+    dict(sampling_info=sampling(acc_scaling_penalties=torch.ones(3, 1))),
+    dict(sampling_info=sampling(logit_bias=torch.zeros(3, VOCAB))), dict(forward_mode=ForwardMode.IDLE),
+    dict(verify_changes=dict(draft_token_num=4)),  # a drafted round
+    dict(worker=dict(kv_cache=types.SimpleNamespace(clear_unaccepted_c128_draft_states=lambda *a: None))),
+], ids=["grammar", "logprob", "sampling", "additive", "scaling", "logit_bias", "idle", "drafted",
+        "kv_cache_clears_draft_states"])
 def test_batches_the_stock_sampling_must_see_fall_through(change):
     change = dict(change)
     assert not _takes_tail(_worker(**change.pop("worker", {})), **change)
@@ -228,13 +184,10 @@ def test_batches_the_stock_sampling_must_see_fall_through(change):
 
 
 def _worker(topk=1, kv_cache=None, watermark_state=None):
-    return types.SimpleNamespace(
-        topk=topk,
-        target_worker=types.SimpleNamespace(
-            model_runner=types.SimpleNamespace(model_config="cfg", watermark_state=watermark_state)
-        ),
-        token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: kv_cache or object()),
-    )
+    runner = types.SimpleNamespace(model_config="cfg", watermark_state=watermark_state)
+    allocator = types.SimpleNamespace(get_kvcache=lambda: kv_cache or object())
+    return types.SimpleNamespace(topk=topk, target_worker=types.SimpleNamespace(model_runner=runner),
+                                 token_to_kv_pool_allocator=allocator)
 
 
 def test_worker_gets_the_tail_only_where_verify_needs_nothing_per_step(monkeypatch):
@@ -257,15 +210,11 @@ def test_frozen_kv_mtp_worker_takes_the_tail(monkeypatch):
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-verify-tail", bases=("0.5.23",))
-@pytest.mark.parametrize(
-    "worker_kw,batch_kw",
-    [
-        (dict(watermark_state=object()), dict(sampling_info=sampling(has_watermark_candidates=True))),
-        ({}, dict(hisparse_coordinator=object())),
-        ({}, dict(mamba_track_indices=torch.zeros(3, dtype=torch.int64))),
-    ],
-    ids=["watermark", "hisparse", "mamba_track"],
-)
+@pytest.mark.parametrize("worker_kw,batch_kw", [
+    (dict(watermark_state=object()), dict(sampling_info=sampling(has_watermark_candidates=True))),
+    ({}, dict(hisparse_coordinator=object())),
+    ({}, dict(mamba_track_indices=torch.zeros(3, dtype=torch.int64))),
+], ids=["watermark", "hisparse", "mamba_track"])
 def test_batches_whose_verify_reads_the_accepted_path_fall_through(worker_kw, batch_kw):
     # 0.5.23's stock verify records watermarked tokens, commits HiSparse's
     # accepted tokens and tracks mamba states from the accept index

@@ -1,9 +1,6 @@
-"""Request validation (request_validation.py, stack 02's validation steps).
-
-Unit tests of the module, then a real `python -m sglang.launch_server` of the
-tiny Gemma-4 (YOCO on, --skip-tokenizer-init): each bad request of
-bad_requests.py gets a 400 naming its cause, and the server keeps serving; then a
-seeded fuzz of its HTTP API (http_fuzz.py) against the same server.
+"""Request validation (stack 02): unit tests of request_validation.py, then a real server of
+the tiny Gemma-4: each bad request of bad_requests.py gets a 400 naming its cause and the
+server keeps serving; then a seeded fuzz of its HTTP API (http_fuzz.py).
 """
 
 import time
@@ -120,13 +117,9 @@ def _server_limits():
 )
 @pytest.mark.stack("generic-fixes", step="bound-what-one-request-reserves", fails_before=True)
 def test_what_one_request_reserves_is_bounded(kw, match):
-    """A request with n = 100000 kept every other client of a CPU server waiting
-    for minutes; the default bounds answer it 400 naming the server argument."""
+    # n = 100000 kept every other client waiting for minutes: a 400 naming the server argument
     from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
-    from sglang.srt.managers.request_validation import (
-        RequestValidationError,
-        validate_generate_request,
-    )
+    from sglang.srt.managers.request_validation import RequestValidationError, validate_generate_request
 
     kw = {"input_ids": [5, 6], **kw}
     req = (EmbeddingReqInput if kw.pop("embedding", False) else GenerateReqInput)(**kw)
@@ -182,8 +175,7 @@ def test_scheduler_check():
 
 
 def _yoco_args():
-    """YOCO on (every prefill pass) where the tree has the flag: the suite runs the
-    whole series; stack 02's own check, before the flag exists, serves without it."""
+    """YOCO on (every prefill pass) where the tree has the flag (not at stack 02's own check)."""
     import importlib.util
 
     if importlib.util.find_spec("sglang.srt.arg_groups.kv_sharing_fast_prefill_hook"):

@@ -1,13 +1,8 @@
-"""Soak: a few hundred mixed requests against a real server with YOCO on.
-
-The tiny Gemma-4 served on CPU, YOCO on, chunked prefill at an odd chunk size. The mix:
-prompts of 1-600 tokens, some on shared prefixes, input-logprob and hidden-state
-requests, seeded sampling, n = 2, streams read to the end or dropped after their first
-chunk, and bad requests (400s). At the end the server serves; every good request got
-one answer under its own rid, equal to the same request on a YOCO-off server (greedy
-ones: seeded sampling is not seeded alike on two servers without deterministic
-inference); /flush_cache succeeds, nothing is running, waiting or holding KV, and the
-scheduler's strict idle check (a leaked KV or request slot raises) never fired.
+"""Soak: a few hundred mixed requests (1-600 tokens, shared prefixes, logprobs, hidden
+states, seeded sampling, n = 2, dropped streams, bad requests) against the tiny Gemma-4
+served with YOCO on at an odd chunk. Each good request gets one answer, equal (greedy
+ones) to a YOCO-off server's; at the end the server is idle, holds no KV, and the strict
+idle check never fired.
 """
 
 import json
@@ -30,16 +25,14 @@ pytestmark = pytest.mark.stack("yoco-model", suite_only=True, bases=("0.5.17",))
 N_REQUESTS = 200
 CONCURRENCY = 12
 CHUNK = 251
-# The two servers batch and cache differently, so a token's attention sums in
-# another order (fp32): logprobs agree to about 1e-3, not bit for bit. Tokens
-# are compared exactly.
+# The servers batch differently (fp32 sums in another order): logprobs agree to ~1e-3,
+# tokens exactly.
 LOGPROB_ATOL = 2e-3
 HIDDEN = 64  # tiny_gemma.py's Gemma-4 hidden_size
 COMMON_ARGS = ["--chunked-prefill-size", str(CHUNK), "--enable-return-hidden-states",
                "--log-level", "info"]
 YOCO_ARGS = ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"]
-# The bad requests for these servers: hidden states are enabled here, so a request for
-# them is a good one (the soak sends such requests on purpose).
+# hidden states are enabled here: a request for them is a good one
 SOAK_BAD_REQUESTS = [b for b in BAD_REQUESTS if b[0] != "hidden_states_not_enabled"]
 STRICT_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 

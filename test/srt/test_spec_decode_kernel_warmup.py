@@ -1,12 +1,8 @@
-"""Step spec-decode-kernel-warmup (speculative/spec_decode_kernel_warmup.py): a spec-v2
-server compiles at start-up every specialization of the three Triton kernels whose
-``tl.constexpr`` follows the decode batch size or the step count, instead of mid-serving.
-
-The kernels run under Triton's interpreter on CPU: each launch's grid, dtypes,
-constexprs, None arguments and pointer alignment are recorded, and the live
-``req_to_token`` must come out unchanged. Whether they hit the same compiled kernels as
-a real round is a GPU check (``serve_mtp.py --jit-log``, device stage MK). Both bases: the
-verify-side kernel list is per release, decided once below (FUSED_COMMIT).
+"""Step spec-decode-kernel-warmup: a spec-v2 server compiles at start-up every
+specialization of the Triton kernels whose constexprs follow the decode batch size or the
+step count. Under Triton's interpreter each launch's grid, dtypes, constexprs, None
+arguments and pointer alignment are recorded; req_to_token must come out unchanged
+(same compiled kernels as a real round: a GPU check, serve_mtp.py --jit-log).
 """
 import types
 
@@ -56,9 +52,8 @@ def test_warmed_after_the_states_are_built_for_every_state(monkeypatch):
 
 
 def test_step_configs_without_adaptive_is_the_fixed_state():
-    w = types.SimpleNamespace(
-        speculative_num_steps=3, speculative_num_draft_tokens=4, adaptive_controller=None
-    )
+    w = types.SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4,
+                              adaptive_controller=None)
     assert warmup.step_configs(w) == [(3, 4)]
 
 
@@ -76,16 +71,12 @@ def _check():
         class Grid:
             def __getitem__(self, grid):
                 def launch(*args, **kwargs):
-                    launches_seen.append(
-                        {
-                            "kernel": name,
-                            "grid": list(grid),
-                            "dtypes": [str(a.dtype) for a in args if torch.is_tensor(a)],
-                            "aligned": [a.data_ptr() % 16 == 0 for a in args if torch.is_tensor(a)],
-                            "ints": [a for a in args if isinstance(a, int)],
-                            "kwargs": {k: _describe(v) for k, v in kwargs.items()},
-                        }
-                    )
+                    tensors = [a for a in args if torch.is_tensor(a)]
+                    launches_seen.append(dict(
+                        kernel=name, grid=list(grid), dtypes=[str(a.dtype) for a in tensors],
+                        aligned=[a.data_ptr() % 16 == 0 for a in tensors],
+                        ints=[a for a in args if isinstance(a, int)],
+                        kwargs={k: _describe(v) for k, v in kwargs.items()}))
                     return kernel[grid](*args, **kwargs)
 
                 return launch
@@ -96,17 +87,11 @@ def _check():
         # The verify-side kernels are launched through the round's own functions;
         # they pick the Triton kernel on a CUDA-like device only.
         cache_locs._is_cuda = True
-        kernels = [
-            (warmup, "assign_req_to_token_pool"),
-            (cache_locs, "assign_extend_cache_locs_uniform"),
-            (eagle_kernels, "_verify_commit_outputs_kernel"),
-        ]
+        kernels = [(warmup, "assign_req_to_token_pool"), (cache_locs, "assign_extend_cache_locs_uniform"),
+                   (eagle_kernels, "_verify_commit_outputs_kernel")]
     else:
-        kernels = [
-            (warmup, "assign_req_to_token_pool"),
-            (launches, "assign_extend_cache_locs_uniform"),
-            (launches, "fill_bonus_tokens"),
-        ]
+        kernels = [(warmup, "assign_req_to_token_pool"), (launches, "assign_extend_cache_locs_uniform"),
+                   (launches, "fill_bonus_tokens")]
     for module, name in kernels:
         setattr(module, name, recorder(name, getattr(module, name)))
     torch.manual_seed(0)
@@ -116,11 +101,8 @@ def _check():
     chain = list(launches_seen)
     launches_seen.clear()
     warmup.launch_spec_decode_kernels(req_to_token, [], TREE_CONFIGS, 4)
-    return {
-        "launches": chain,
-        "tree_launches": list(launches_seen),
-        "unchanged": bool(torch.equal(before, req_to_token)),
-    }
+    return {"launches": chain, "tree_launches": list(launches_seen),
+            "unchanged": bool(torch.equal(before, req_to_token))}
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +136,7 @@ def test_every_state_draft_token_num_and_accept_stride(launched):
     assert all(l["dtypes"] == ["torch.int64", "torch.int32", "torch.int64", "torch.int64"] for l in locs)
     # start offsets (batch.seq_lens) in both alignments, for every draft width
     assert {(l["ints"][1], l["aligned"][2]) for l in locs} == {
-        (d, a) for _, d in CONFIGS for a in (True, False)
-    }
+        (d, a) for _, d in CONFIGS for a in (True, False)}
     assert all(l["ints"][0] == POOL_LEN for l in locs)
     bonus = _of(launched, "fill_bonus_tokens")
     assert all(l["dtypes"] == ["torch.int32"] * 3 for l in bonus)
@@ -177,8 +158,7 @@ def test_verify_prep_warmed_with_the_rounds_optional_arguments(launched):
         assert l["kwargs"]["PAGE_SIZE"] == 1
         assert l["ints"][0] == POOL_LEN
     assert sorted((l["ints"][1], l["aligned"][2]) for l in locs) == sorted(
-        (d, a) for _, d in CONFIGS for a in (True, False)
-    )
+        (d, a) for _, d in CONFIGS for a in (True, False))
     # no fill_bonus_tokens: on CUDA and ROCm the fused commit replaces it
     assert not _of(launched, "fill_bonus_tokens")
 
@@ -198,16 +178,13 @@ def test_fused_commit_warmed_for_every_state(launched):
         assert l["dtypes"] == ["torch.int32"] * 3 + ["torch.int64"] * 2 + ["torch.int32"]
         assert l["kwargs"]["track_steps"] is None  # no mamba tracking
         assert [l["kwargs"][k]["dtype"] for k in ("last_steps", "correct", "select", "ids")] == [
-            "torch.int64", "torch.int32", "torch.int64", "torch.int64"
-        ]
+            "torch.int64", "torch.int32", "torch.int64", "torch.int64"]
     assert sorted(map(_commit_keys, chain)) == sorted(
-        (s + 1, d, 0, a) for s, d in CONFIGS for a in (True, False)
-    )
+        (s + 1, d, 0, a) for s, d in CONFIGS for a in (True, False))
     # topk > 1 commits without the draft-extend outputs (DRAFT_WIDTH 0)
     tree = _of(launched, "_verify_commit_outputs_kernel", "tree_launches")
     assert sorted(map(_commit_keys, tree)) == sorted(
-        (s + 1, 0, 0, a) for s, _ in TREE_CONFIGS for a in (True, False)
-    )
+        (s + 1, 0, 0, a) for s, _ in TREE_CONFIGS for a in (True, False))
     assert all(l["kwargs"]["last_steps"] is None for l in tree)
 
 

@@ -1,12 +1,7 @@
-"""The chain verify (0.5.17: --triton-attention-split-kv-verify; 0.5.23: the chain
-mode of the split-KV verify): a top-1 draft chain verified as decode queries
-attends over the same keys as stock triton's extend-kernel verify.
-
-Triton's real kernels run on CPU under Triton's interpreter (a fresh process: this file
-runs itself as a script), in fp32. Requests sit below, at and above the sliding window,
-so the window's first key (the one the extend kernel masks per query) is exercised. The
-split-KV sum rounds differently from the extend kernel's walk, so the check is allclose;
-an off-by-one in the keys moves the output by far more. Both bases (HAS_KV_LOC_PLAN).
+"""The chain verify: a top-1 draft chain verified as decode queries attends over the same
+keys as stock triton's extend-kernel verify (real kernels under Triton's interpreter, fp32;
+requests below, at and above the sliding window). The split-KV sum rounds differently, so
+the check is allclose; an off-by-one in the keys moves the output far more (the control).
 """
 
 import importlib.util

@@ -1,18 +1,8 @@
-"""--triton-attention-split-kv-verify with a paged KV cache (page size 1, 16, 64) and
-bf16 / fp8_e4m3 KV: the chain verify (grouped, and one decode row per draft token)
-attends like stock triton's extend-kernel verify over the same cache.
-
-The real pools (MHATokenToKVPool; PageMajorMHATokenToKVPool, per-layer 4-D views
-[pages, page_size, heads, dim]) and kernels run under Triton's interpreter (a fresh
-process per page size). req_to_token comes from random page tables, so a kernel that
-reads a slot as anything but `req_to_token[req, pos]` is far off. Windows start mid-page
-and cross page boundaries; one request's draft tokens cross a page boundary.
-
-Which verify runs: bf16 groups by default; an fp8 KV cache keeps one decode row per
-draft token (`chain_verify_grouped`), so that is the fp8 path checked here.
-
-Works on both bases (the backend with the release's fields: test_triton_chain_verify.py's
-`chain_backend`); 0.5.23 has no page-major pool, so its cases are the NHD ones.
+"""The chain verify with a paged KV cache (page size 1, 16, 64; bf16, grouped by default,
+and fp8_e4m3, one decode row per draft token) attends like stock triton's extend-kernel
+verify. Real pools and kernels under Triton's interpreter; req_to_token from random page
+tables; windows and one request's draft tokens cross page boundaries. 0.5.23 has no
+page-major pool: its cases are the NHD ones.
 """
 
 import os
