@@ -48,10 +48,11 @@ def _shape(cap_mod, model, page, *, swa_from_cap=True, draft=4, chunk=CHUNK):
 def test_hook_leaves_the_cap_to_start_up():
     from sglang.srt.arg_groups.speculative_hook import _handle_frozen_kv_mtp
 
-    unset = types.SimpleNamespace(max_running_requests=None, enable_mixed_chunk=False)
+    steps = dict(speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    unset = types.SimpleNamespace(max_running_requests=None, enable_mixed_chunk=False, **steps)
     _handle_frozen_kv_mtp(unset)
     assert unset.max_running_requests is None  # stock: 48
-    user = types.SimpleNamespace(max_running_requests=7, enable_mixed_chunk=True)
+    user = types.SimpleNamespace(max_running_requests=7, enable_mixed_chunk=True, **steps)
     _handle_frozen_kv_mtp(user)
     assert user.max_running_requests == 7 and user.enable_mixed_chunk is False
 
