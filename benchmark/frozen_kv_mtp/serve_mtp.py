@@ -60,7 +60,7 @@ def stock_server_cmd(model, port, draft, page_size):
     if draft:
         cmd += ["--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", draft,
                 "--speculative-draft-load-format", "dummy",
-                # 0.5.17 leaves steps unset without these: its tokenizer manager then fails
+                # FROZEN_KV_MTP's defaults since stack 06's default-steps step; before it, needed
                 "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", "4"]
     return cmd
