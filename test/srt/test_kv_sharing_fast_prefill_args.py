@@ -308,28 +308,36 @@ def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(model, caplog,
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 64
 
 
-@pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
-def test_when_start_up_captures_the_back_half(monkeypatch):
-    # the decision itself, on the settings it reads through kv_sharing_fast_prefill_settings
+def graph_skip_reason(monkeypatch):
+    """back_half_graph_skip_reason on stand-in settings: reason(**changes)."""
     import types
 
     from sglang.srt.arg_groups import kv_sharing_fast_prefill_settings as settings
-    from sglang.srt.environ import envs
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     def reason(**over):
-        a = {**dict(device="cuda", backend="triton", decode=Backend.FULL,
-                    enable_deterministic_inference=False, dcp_size=1), **over}
+        a = {**dict(device="cuda", backend="triton", decode=Backend.FULL, enable_deterministic_inference=False,
+                    dcp_size=1, disaggregation_mode="null", locked=set()), **over}
         return hook.back_half_graph_skip_reason(types.SimpleNamespace(
             view=types.SimpleNamespace(**{k: a[k] for k in (
-                "device", "enable_deterministic_inference", "dcp_size")}),
+                "device", "enable_deterministic_inference", "dcp_size", "disaggregation_mode")}),
             graphs=types.SimpleNamespace(decode=types.SimpleNamespace(backend=a["decode"])),
-            backends=(a["backend"], a["backend"]),
+            backends=(a["backend"], a["backend"]), locked=a["locked"],
         ))
 
     monkeypatch.setattr(settings, "view", lambda ns: ns.view)
     monkeypatch.setattr(settings, "cuda_graph_config", lambda ns: ns.graphs)
     monkeypatch.setattr(settings, "attention_backends", lambda ns: ns.backends)
+    monkeypatch.setattr(settings, "explicit_cuda_graph_settings", lambda ns: ns.locked)
+    return reason
+
+
+@pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
+def test_when_start_up_captures_the_back_half(monkeypatch):
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    reason = graph_skip_reason(monkeypatch)
     assert reason() is None
     assert reason(device="cpu") == "device cpu"
     assert reason(decode=Backend.DISABLED) == "decode CUDA graphs are off"
@@ -338,6 +346,25 @@ def test_when_start_up_captures_the_back_half(monkeypatch):
     assert reason(dcp_size=2) == "decode context parallelism"
     with envs.SGLANG_KV_SHARING_FAST_PREFILL_GRAPH.override(False):
         assert reason() == "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
+
+
+@pytest.mark.stack("yoco-model", step="back-half-graphs-on-prefill-server", fails_before=True)
+def test_a_prefill_server_captures_the_back_half(monkeypatch):
+    import types
+
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
+
+    reason = graph_skip_reason(monkeypatch)
+    # decode graphs off by the prefill server's role: the back half's own are captured
+    assert reason(decode=Backend.DISABLED, disaggregation_mode="prefill") is None
+    # off by the user (--disable-cuda-graph, --disable-decode-cuda-graph), or on a decode server: eager
+    off = {(Phase.DECODE, "backend")}
+    assert reason(decode=Backend.DISABLED, disaggregation_mode="prefill", locked=off) == "decode CUDA graphs are off"
+    assert reason(decode=Backend.DISABLED, disaggregation_mode="decode") == "decode CUDA graphs are off"
+    assert reason(device="cpu", decode=Backend.DISABLED, disaggregation_mode="prefill") == "device cpu"
+    # and the start-up line says whose graphs they are
+    prefill = types.SimpleNamespace(view=types.SimpleNamespace(disaggregation_mode="prefill"))
+    assert "a prefill server captures no decode graphs" in hook._graphs_line(prefill, None)
 
 
 @pytest.mark.parametrize("name, architecture, num_shared, num_layers", [

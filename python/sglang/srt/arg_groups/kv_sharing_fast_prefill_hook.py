@@ -271,7 +271,8 @@ def back_half_graph_skip_reason(server_args: ServerArgs) -> Optional[str]:
         return "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
     if view.device != "cuda":
         return f"device {view.device}"
-    if settings.cuda_graph_config(server_args).decode.backend == Backend.DISABLED:
+    decode_graphs = settings.cuda_graph_config(server_args).decode.backend
+    if decode_graphs == Backend.DISABLED and not _prefill_server_role(server_args):
         return "decode CUDA graphs are off"
     backend, _ = settings.attention_backends(server_args)
     if backend != "triton":
@@ -282,6 +283,19 @@ def back_half_graph_skip_reason(server_args: ServerArgs) -> Optional[str]:
     if (view.dcp_size or 1) > 1:
         return "decode context parallelism"
     return None
+
+
+def _prefill_server_role(server_args: ServerArgs) -> bool:
+    """A prefill server of PD disaggregation, whose decode CUDA graphs are off
+    by its role (it never decodes), not by the user: the back half's graphs
+    are its own and are captured there too."""
+    from sglang.srt.model_executor.cuda_graph_config import Phase
+
+    explicit = settings.explicit_cuda_graph_settings(server_args)
+    return (
+        settings.view(server_args).disaggregation_mode == "prefill"
+        and (Phase.DECODE, "backend") not in explicit
+    )
 
 
 def _resolve_min_tokens(
@@ -354,5 +368,13 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
         why,
         first_shared,
         num_layers - 1,
-        "in CUDA graphs" if graphs_skip is None else f"eager ({graphs_skip})",
+        _graphs_line(server_args, graphs_skip),
     )
+
+
+def _graphs_line(server_args: ServerArgs, graphs_skip: Optional[str]) -> str:
+    if graphs_skip is not None:
+        return f"eager ({graphs_skip})"
+    if settings.view(server_args).disaggregation_mode == "prefill":
+        return "in CUDA graphs (its own: a prefill server captures no decode graphs)"
+    return "in CUDA graphs"
