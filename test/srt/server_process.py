@@ -68,14 +68,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model_path: str, extra_args=(), name: str = "server"):
+    def __init__(self, model_path: str, extra_args=(), name: str = "server", env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(
             prefix=f"sglang-{name}-", suffix=".log", delete=False
         )
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
-                   SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN="1")
+                   SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN="1", **(env or {}))
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
                "--host", "127.0.0.1", "--port", str(self.port),
                "--nccl-port", str(free_port()), *SERVER_ARGS, *extra_args]

@@ -428,7 +428,7 @@ class Served:
     def __init__(self, name, model_dir, tmp_path_factory):
         from cpu_engine import YOCO, HFReference, decisive_prompts, start_engine
 
-        self.name = name
+        self.name, self.model_dir = name, model_dir
         self.ref = decisive_prompts(
             HFReference(model_dir, causal_lm="Gemma3nForCausalLM" if name == "gemma3n" else "Gemma4ForCausalLM"),
             _prompts(3, 14), MAX_NEW)
@@ -530,6 +530,39 @@ def test_input_logprobs_turn_it_off_for_their_batch_only(served):
         assert a[0] == b[0] and max(abs(x - y) for x, y in zip(a[1], b[1])) <= 1e-4
     _, again = served.run(True, [prompts])
     assert again == {"fast": 1}, again
+
+
+@pytest.mark.stack("yoco-model", step="back-half-graphs-on-prefill-server")
+def test_a_pd_prefill_server_answers_the_first_token_as_hf(served):
+    """A prefill server of PD disaggregation with the fast path on every pass: each
+    request's first token and its logprob as HF's, and the passes counted fast. Requests
+    carry the fake bootstrap host, as the server's warm-up does: the prefill server's own
+    path runs whole and nothing is transferred (mooncake's engine is stood in, pd_stand_in/)."""
+    import requests
+    from cpu_engine import LOGPROB_ATOL
+    from server_process import ServerProcess, free_port
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    server = ServerProcess(served.model_dir, [
+        "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
+        "--disaggregation-bootstrap-port", str(free_port()),
+        "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"],
+        name="pd-prefill", env={"PYTHONPATH": os.pathsep.join(filter(None, [
+            os.path.join(here, "pd_stand_in"), os.environ.get("PYTHONPATH")]))})
+    try:
+        server.wait_ready()
+        for room, (prompt, (toks, lps)) in enumerate(served.ref.items()):
+            r = server.post("/generate", {
+                "input_ids": list(prompt), "return_logprob": True, "bootstrap_host": "2.2.2.2",
+                "bootstrap_room": room, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
+            assert r.status_code == 200, r.text
+            (lp, tok, _), = r.json()["meta_info"]["output_token_logprobs"]
+            assert tok == toks[0] and abs(lp - lps[0]) <= LOGPROB_ATOL, (len(prompt), tok, toks[0], lp, lps[0])
+        info = requests.get(server.url + "/get_server_info", timeout=30).json()
+        passes = info["internal_states"][0]["kv_sharing_fast_prefill_passes"]
+        assert passes.get("fast", 0) >= len(served.ref) - 1, passes  # the warm-up's is one more
+    finally:
+        server.stop()
 
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
