@@ -532,7 +532,7 @@ def test_input_logprobs_turn_it_off_for_their_batch_only(served):
     assert again == {"fast": 1}, again
 
 
-@pytest.mark.stack("yoco-model", step="back-half-graphs-on-prefill-server")
+@pytest.mark.stack("yoco-model")
 def test_a_pd_prefill_server_answers_the_first_token_as_hf(served):
     """A prefill server of PD disaggregation with the fast path on every pass: each
     request's first token and its logprob as HF's, and the passes counted fast. Requests
