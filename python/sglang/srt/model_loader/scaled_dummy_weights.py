@@ -107,19 +107,20 @@ def initialize_scaled_dummy_weights(
     knobs.setdefault("gemma3n", _is_gemma3n(model))
     params = model.state_dict()
     for name, param in params.items():
+        int8 = param.dtype == torch.int8
+        if not (int8 or torch.is_floating_point(param)):
+            continue
         # Seed per tensor name: stable across runs, processes and load order.
         gen = torch.Generator(device=param.device)
         gen.manual_seed(seed + zlib.crc32(name.encode()))
         tmp = torch.empty(param.shape, dtype=torch.float32, device=param.device)
-        if param.dtype == torch.int8:
+        if int8:
             tmp.normal_(0.0, _INT8_STEPS, generator=gen).round_().clamp_(-127, 127)
         elif name.endswith("weight_scale") and _is_int8(params, name[:-6]):
             fan_in = params[name[:-6]].shape[-1]
             tmp.fill_(fan_in**-0.5 / _INT8_STEPS)
-        elif torch.is_floating_point(param):
-            fill_scaled_dummy(name, tmp, gen, **knobs)
         else:
-            continue
+            fill_scaled_dummy(name, tmp, gen, **knobs)
         param.data.copy_(tmp.to(param.dtype))
 
 
