@@ -1,0 +1,68 @@
+"""Step pd-skip-kv-shared-buffers: a PD prefill server leaves the KV-shared layers' buffers
+(allocated, never written) out of what mooncake sends, in the full-attention list and the
+sliding-window state alike; a model without KV sharing sends everything."""
+import types
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.stack("generic-fixes", step="pd-skip-kv-shared-buffers")
+
+# Gemma-4's layer pattern, shortened: (sliding, sliding, full) twice; the last two layers
+# (one sliding, one full) read layers 1 and 2's cache when two layers share KV.
+LAYER_TYPES = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]
+
+
+def _pool():
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    ids = {t: [i for i, x in enumerate(LAYER_TYPES) if x == t] for t in set(LAYER_TYPES)}
+    return SWAKVPool(size=16, size_swa=16, page_size=1, dtype=torch.float32, head_num=1, head_dim=4,
+                     swa_attention_layer_ids=ids["sliding_attention"],
+                     full_attention_layer_ids=ids["full_attention"], device="cpu")
+
+
+def _sent(pool, shared):
+    """The source buffers mooncake's transfer writes from, per registered list (full KV,
+    SWA state), for two pages, with the prefill server's KV args for `shared` layers."""
+    from sglang.srt.disaggregation.kv_shared_buffers import never_written_data_ptrs
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+
+    config = types.SimpleNamespace(num_hidden_layers=len(LAYER_TYPES), num_kv_shared_layers=shared)
+    kv_args = types.SimpleNamespace(prefill_start_layer=0,
+                                    never_written_data_ptrs=never_written_data_ptrs(pool, config))
+    sent = []
+    manager = types.SimpleNamespace(kv_args=kv_args, is_mla_backend=False, is_hybrid_mla_backend=False,
+                                    enable_custom_mem_pool=False, pp_size=1, max_transfer_batch_indices=0,
+                                    _transfer_data=lambda session, blocks: sent.extend(blocks) or 0)
+    manager.get_mha_kv_ptrs_with_pp = MooncakeKVManager.get_mha_kv_ptrs_with_pp.__get__(manager)
+    out = {}
+    for name, (ptrs, _, item_lens) in (("full", pool.get_contiguous_buf_infos()),
+                                       ("swa", pool.get_state_buf_infos())):
+        sent.clear()
+        rc = MooncakeKVManager._send_kvcache_generic(
+            manager, mooncake_session_id="decode", src_data_ptrs=ptrs, dst_data_ptrs=[p + 1 for p in ptrs],
+            item_lens=item_lens, prefill_data_indices=np.array([0, 1], dtype=np.int32),
+            dst_data_indices=np.array([2, 3], dtype=np.int32), executor=None)
+        assert rc == 0
+        out[name] = {src for src, _, _ in sent}
+    return out
+
+
+def _layer(pool, layer_id):
+    """(K, V) addresses of one layer's buffers, and of its first page."""
+    index, is_swa = pool.layers_mapping[layer_id]
+    sub = pool.swa_kv_pool if is_swa else pool.full_kv_pool
+    return {sub.k_buffer[index].data_ptr(), sub.v_buffer[index].data_ptr()}
+
+
+@pytest.mark.stack("generic-fixes", step="pd-skip-kv-shared-buffers", fails_before=True)
+def test_the_kv_shared_layers_buffers_are_not_sent():
+    pool = _pool()
+    everything = _sent(pool, 0)
+    assert everything["full"] == _layer(pool, 2) | _layer(pool, 5)
+    assert everything["swa"] == set().union(*(_layer(pool, i) for i in (0, 1, 3, 4)))
+    skipped = _sent(pool, 2)
+    assert skipped["full"] == _layer(pool, 2)
+    assert skipped["swa"] == set().union(*(_layer(pool, i) for i in (0, 1, 3)))
