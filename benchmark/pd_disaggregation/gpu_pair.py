@@ -177,7 +177,7 @@ def main():
                                        "sampling_params": {"temperature": 0.0, "max_new_tokens": a.ttft_out, "ignore_eos": True}}
                     for warm in (True, False):
                         requests.post(servers[0].url + "/flush_cache", timeout=60)
-                        n = conc if warm else 2 * conc
+                        n = min(conc, 8) if warm else 2 * conc
                         bodies = [body_of() for _ in range(n)]
                         got, lock, sem = [], threading.Lock(), threading.Semaphore(conc)
 

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The PD pair on the GPU machine (gpu_pair.py), with mooncake carried in.
+#
+#   bash benchmark/pd_disaggregation/gpu_run.sh make [build/pdpack.tgz]   # here, with network
+#   bash benchmark/pd_disaggregation/gpu_run.sh run ARGS...               # there, after the fork's packs
+#
+# make: mooncake-transfer-engine 0.3.13.post1 (its CUDA build) trimmed to the transfer
+# engine, libcudart.so.12 (nvidia-cuda-runtime-cu12; the machine has CUDA 13), and
+# libibverbs/libmlx5/libnl/libnuma (Debian debs), about 26 MB.
+# run: unpacks it into /tmp/pdpack once, checks that the engine loads, then
+# `gpu_pair.py $WORK ARGS...` (WORK=/tmp/pdwork: it keeps gpu_pair_<variant>.json across
+# calls on a warm machine), and copies the JSON and server logs to $OUT.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+case "${1:-}" in
+make)
+  dest=$(realpath -m "${2:-build/pdpack.tgz}")
+  t=$(mktemp -d); mkdir -p "$t/pdpack/site/mooncake" "$t/pdpack/lib" "$t/dl"
+  plat=(--python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux_2_28_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  python3 -m pip download -q --no-deps "${plat[@]}" -d "$t/dl" mooncake-transfer-engine==0.3.13.post1 nvidia-cuda-runtime-cu12
+  (cd "$t/dl" && unzip -q mooncake_transfer_engine-*.whl 'mooncake/*' 'mooncake_transfer_engine.libs/*' -d x \
+     && unzip -q nvidia_cuda_runtime_cu12-*.whl -d rt)
+  cp -r "$t/dl/x/mooncake_transfer_engine.libs" "$t/pdpack/site/"
+  cp "$t/dl/x/mooncake/"{engine.so,libasio.so,libetcd_wrapper.so} "$t/dl/x/mooncake/"*.py "$t/pdpack/site/mooncake/"
+  cp "$(find "$t/dl/rt" -name libcudart.so.12)" "$t/pdpack/lib/"
+  (cd "$t/dl" && apt-get download libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 libnuma1 >/dev/null \
+     && for d in *.deb; do dpkg-deb -x "$d" debs; done)
+  find "$t/dl/debs" -maxdepth 4 -name '*.so.*' -exec cp -L {} "$t/pdpack/lib/" \;
+  tar czf "$dest" -C "$t" pdpack && rm -rf "$t"
+  ls -la "$dest"
+  ;;
+run)
+  shift
+  : "${OUT:?OUT: the folder for the JSON and logs (the device sets it)}"
+  [ -d /tmp/pdpack ] || tar xzf "${PDPACK:-build/pdpack.tgz}" -C /tmp
+  export PYTHONPATH="${SITE:-/tmp/site}:/tmp/pdpack/site"
+  export LD_LIBRARY_PATH="/tmp/pdpack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ! python3 -c "from mooncake.engine import TransferEngine"; then
+    ldd /tmp/pdpack/site/mooncake/engine.so | grep "not found"
+    exit 2
+  fi
+  work=${WORK:-/tmp/pdwork}
+  mkdir -p "$work"
+  timeout "${RUN_TIMEOUT:-570}" python3 "$here/gpu_pair.py" "$work" "$@"
+  rc=$?
+  cp "$work"/*.json "$work"/*.log "$OUT"/ 2>/dev/null
+  exit $rc
+  ;;
+*)
+  sed -n 2,12p "$0"
+  exit 2
+  ;;
+esac
