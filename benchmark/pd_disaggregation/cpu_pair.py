@@ -8,6 +8,9 @@
 Run with the fork installed (this interpreter) and mooncake-transfer-engine-non-cuda, whose
 libibverbs.so.1 and libnl must be on LD_LIBRARY_PATH (apt libibverbs1 libnl-3-200
 libnl-route-3-200). PD_WORKDIR defaults to build/pd, PD_OUT to .humanize/pd-disaggregation/data.
+PD_MTP=1 (gemma4): every server, the plain one included, runs FROZEN_KV_MTP (3 steps, the
+seeded assistant) on triton through Triton's interpreter (test/srt/mtp_cpu_shim/, as the
+CPU MTP tests), and the files get an `_mtp` suffix.
 """
 import json, os, random, re, signal, subprocess, sys, threading, time
 import requests
@@ -21,6 +24,8 @@ SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--dtyp
                "--random-seed", "0", "--log-level", "info", "--sleep-on-idle"]
 ENV = {"CUDA_VISIBLE_DEVICES": "", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1",
        "SGLANG_HOST_IP": "127.0.0.1"}
+MTP = os.environ.get("PD_MTP") == "1"
+SUFFIX = "_mtp" if MTP else ""
 BOOT = 31998
 YOCO = ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"]
 PD = ["--disaggregation-transfer-backend", "mooncake_tcp"]
@@ -102,24 +107,44 @@ def summarize(x):
     return {"status": 200, "wall_s": x["wall_s"], "output_ids": j["output_ids"],
             "logprobs": [a[0] for a in mi["output_token_logprobs"]],
             "logprob_ids": [a[1] for a in mi["output_token_logprobs"]],
-            "cached_tokens": mi.get("cached_tokens"), "prompt_tokens": mi.get("prompt_tokens")}
+            "cached_tokens": mi.get("cached_tokens"), "prompt_tokens": mi.get("prompt_tokens"),
+            "spec_verify_ct": mi.get("spec_verify_ct")}
 
 
 def sampling():
     return {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
 
 
+def use_mtp():
+    """FROZEN_KV_MTP on every server: its flags and the CPU MTP tests' environment."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    sys.path.insert(0, os.path.join(root, "benchmark", "yoco_gemma4"))
+    from checkpoints import mtp_kwargs, write_assistant_checkpoint
+    from tiny_gemma import GEMMA4_TEXT_CONFIG
+
+    draft = write_assistant_checkpoint(f"{W}/tiny_gemma4_assistant", dict(GEMMA4_TEXT_CONFIG))
+    SERVER_ARGS.extend(["--attention-backend", "triton", "--disable-overlap-schedule",
+                        "--triton-attention-num-kv-splits", "2", "--no-triton-attention-split-kv-verify"])
+    for k, v in mtp_kwargs(draft, 3).items():
+        SERVER_ARGS.extend([f"--{k.replace('_', '-')}", str(v)])
+    shim = os.path.join(root, "test", "srt", "mtp_cpu_shim")
+    ENV.update({"TRITON_INTERPRET": "1", "SGLANG_TEST_MTP_CPU_SHIM": "1", "SGLANG_DUMMY_WEIGHTS_AT_SCALE": "1",
+                "PYTHONPATH": os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))})
+
+
 def main():
     model, mode = sys.argv[1], sys.argv[2]
     mpath = f"{W}/tiny_{model}"
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test", "srt"))
     if not os.path.isdir(mpath):  # the CPU tests' seeded tiny checkpoint
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test", "srt"))
         import tiny_gemma
 
         getattr(tiny_gemma, f"make_tiny_{model}")(mpath, seed=0)
+    if MTP:
+        use_mtp()
     ps = prompts()
     if mode == "plain":
-        s = Server(f"plain_{model}", mpath, 31300, [])
+        s = Server(f"plain_{model}{SUFFIX}", mpath, 31300, [])
         try:
             s.wait()
             res = []
@@ -131,19 +156,19 @@ def main():
             json.dump({"model": model, "startup_s": s.startup_s, "cmd": s.cmd, "results": res,
                        "overlap_line": s.lines(r"disable_overlap_schedule=\w+")[:1] and
                        re.search(r"disable_overlap_schedule=\w+", s.lines(r"disable_overlap_schedule=\w+")[0]).group(0)},
-                      open(f"{W}/plain_{model}.json", "w"), indent=1)
+                      open(f"{W}/plain_{model}{SUFFIX}.json", "w"), indent=1)
         finally:
             s.stop()
         return
 
-    ref = json.load(open(f"{W}/plain_{model}.json"))
-    pre = Server(f"prefill_{model}_{mode}", mpath, 31100,
+    ref = json.load(open(f"{W}/plain_{model}{SUFFIX}.json"))
+    pre = Server(f"prefill_{model}_{mode}{SUFFIX}", mpath, 31100,
                  ["--disaggregation-mode", "prefill", *PD, "--disaggregation-bootstrap-port", str(BOOT)]
                  + (YOCO if mode == "on" else []))
     dec = None
     try:
         pre.wait()
-        dec = Server(f"decode_{model}_{mode}", mpath, 31200, ["--disaggregation-mode", "decode", *PD])
+        dec = Server(f"decode_{model}_{mode}{SUFFIX}", mpath, 31200, ["--disaggregation-mode", "decode", *PD])
         dec.wait()
         info0 = requests.get(pre.url + "/get_server_info", timeout=30).json()
         passes_before = info0["internal_states"][0].get("kv_sharing_fast_prefill_passes")
@@ -200,7 +225,7 @@ def main():
             "runs": runs, "plain_results": ref["results"],
         }
         os.makedirs(OUTDIR, exist_ok=True)
-        fn = f"{OUTDIR}/cpu_mooncake_tcp_{model}_yoco_{mode}.json"
+        fn = f"{OUTDIR}/cpu_mooncake_tcp_{model}_yoco_{mode}{SUFFIX}.json"
         json.dump(out, open(fn, "w"), indent=1)
         print("wrote", fn, "equal", out["equal"], "/", out["total"], "maxdiff", out["max_abs_logprob_diff"],
               "passes", passes, "alive", alive, flush=True)

@@ -211,10 +211,12 @@ def test_mtp_on_both_servers_of_pd(setup):
     else:
         env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "0"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "pd_stand_in"), os.environ["PYTHONPATH"]])
-    servers = [ServerProcess(target, [*args, "--disaggregation-mode", mode, "--disaggregation-transfer-backend",
-                                      backend, "--disaggregation-bootstrap-port", str(free_port())],
-                             name=f"pd-{mode}-mtp", env=env)
-               for mode, backend in (("prefill", "mooncake"), ("decode", "fake"))]
+    decode_args = ["--disaggregation-transfer-backend", "fake"]
+    if "disaggregation_decode_retraction_backup" in server_arg_names():  # 0.5.23's default pins host memory via CUDA
+        decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    servers = [ServerProcess(target, [*args, "--disaggregation-mode", mode, "--disaggregation-bootstrap-port",
+                                      str(free_port()), *extra], name=f"pd-{mode}-mtp", env=env)
+               for mode, extra in (("prefill", ["--disaggregation-transfer-backend", "mooncake"]), ("decode", decode_args))]
     try:
         prefill, decode = (s.wait_ready() for s in servers)
         for prompt, toks in zip(prompts, want):
