@@ -123,7 +123,7 @@ def use_mtp():
     from tiny_gemma import GEMMA4_TEXT_CONFIG
 
     draft = write_assistant_checkpoint(f"{W}/tiny_gemma4_assistant", dict(GEMMA4_TEXT_CONFIG))
-    SERVER_ARGS.extend(["--attention-backend", "triton", "--disable-overlap-schedule",
+    SERVER_ARGS.extend(["--attention-backend", "triton", "--disable-overlap-schedule", "--max-running-requests", "8",
                         "--triton-attention-num-kv-splits", "2", "--no-triton-attention-split-kv-verify"])
     for k, v in mtp_kwargs(draft, 3).items():
         SERVER_ARGS.extend([f"--{k.replace('_', '-')}", str(v)])
