@@ -185,56 +185,52 @@ def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
 
 
 @pytest.mark.stack("generic-fixes", step="frozen-kv-mtp-pd-decode-seed", fails_before=True)
-def test_mtp_on_both_servers_of_pd(setup):
-    """FROZEN_KV_MTP on a PD prefill server and a PD decode server, each with a fake
-    transfer (nothing moves: each server runs its own path whole; the prefill server's
-    requests carry the fake bootstrap host, mooncake's engine stood in as in
-    test_kv_sharing_fast_prefill's PD test; the decode server's, the fake backend's). The
-    prefill server sends the
-    target's last hidden state as the seed (its slot had the assistant's width: the first
-    request failed) and answers HF's first token. The decode server seeds the first draft
-    round from the metadata (it built an EAGLE input, which the frozen draft refuses) and
-    verifies every round, requests joining a running batch included. Its tokens are not
-    compared: the fake transfer brings it no KV."""
+def test_mtp_on_both_servers_of_pd(setup, tmp_path):
+    """FROZEN_KV_MTP on a PD pair: a prefill and a decode server, the KV moved by mooncake's
+    engine stood in (pd_stand_in/: real copies between the two processes). The prefill
+    server sends the target's last hidden state as the seed (its slot had the assistant's
+    width: the first request failed); the decode server seeds the first draft round from it
+    (it built an EAGLE input, which the frozen draft refuses). Each request, the three at
+    once (joining a running batch), decodes HF's tokens, every round verified."""
     from concurrent.futures import ThreadPoolExecutor
 
     from server_process import ServerProcess, free_port
 
     target, draft, prompts, want, _ = setup
+    boot = free_port()
     args = ["--attention-backend", "triton", "--disable-overlap-schedule", "--max-running-requests", "8",
-            "--triton-attention-num-kv-splits", "2"]
+            "--triton-attention-num-kv-splits", "2", "--disaggregation-transfer-backend", "mooncake"]
     for k, v in mtp_kwargs(draft, 3).items():
         args += [f"--{k.replace('_', '-')}", str(v)]
-    env = {}
+    env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "pd_stand_in"), os.environ["PYTHONPATH"]])}
     if "triton_attention_split_kv_verify" in server_arg_names():
         args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
     else:
-        env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "0"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "pd_stand_in"), os.environ["PYTHONPATH"]])
-    decode_args = ["--disaggregation-transfer-backend", "fake"]
+        env["SGLANG_ENABLE_SPLITKV_VERIFY"] = "0"
+    decode_args = ["--disaggregation-mode", "decode"]
     if "disaggregation_decode_retraction_backup" in server_arg_names():  # 0.5.23's default pins host memory via CUDA
         decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
-    servers = [ServerProcess(target, [*args, "--disaggregation-mode", mode, "--disaggregation-bootstrap-port",
-                                      str(free_port()), *extra], name=f"pd-{mode}-mtp", env=env)
-               for mode, extra in (("prefill", ["--disaggregation-transfer-backend", "mooncake"]), ("decode", decode_args))]
+    servers = [ServerProcess(target, [*args, *extra], name=name, env=env) for name, extra in (
+        ("pd-prefill-mtp", ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot)]),
+        ("pd-decode-mtp", decode_args))]
     try:
         prefill, decode = (s.wait_ready() for s in servers)
-        for prompt, toks in zip(prompts, want):
-            r = prefill.post("/generate", {"input_ids": prompt, "bootstrap_host": "2.2.2.2", "bootstrap_room": 0,
-                                           "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
-            assert r.status_code == 200, r.text + prefill.log_tail()
-            assert r.json()["output_ids"] == toks[:1]
 
-        def decoded(i):
-            return decode.post("/generate", {"input_ids": prompts[i], "bootstrap_host": "2.2.2.2", "sampling_params": {
-                "max_new_tokens": NEW_TOKENS[i], "temperature": 0.0, "ignore_eos": True}})
+        def pair(i):
+            body = {"input_ids": prompts[i], "bootstrap_host": "127.0.0.1", "bootstrap_port": boot,
+                    "bootstrap_room": i + 1, "sampling_params": {
+                        "max_new_tokens": NEW_TOKENS[i], "temperature": 0.0, "ignore_eos": True}}
+            with ThreadPoolExecutor(2) as two:
+                return [f.result() for f in [two.submit(s.post, "/generate", body) for s in (prefill, decode)]]
 
         with ThreadPoolExecutor(len(prompts)) as pool:
-            outs = list(pool.map(decoded, range(len(prompts))))
-        for r, n in zip(outs, NEW_TOKENS):
-            assert r.status_code == 200, r.text + decode.log_tail()
-            out = r.json()
-            assert len(out["output_ids"]) == n and 0 < out["meta_info"]["spec_verify_ct"] <= n, out
+            outs = list(pool.map(pair, range(len(prompts))))
+        for (p, d), toks, n in zip(outs, want, NEW_TOKENS):
+            assert p.status_code == 200 and d.status_code == 200, p.text + d.text + decode.log_tail()
+            assert p.json()["output_ids"] == toks[:1]
+            out = d.json()
+            assert out["output_ids"] == toks and 0 < out["meta_info"]["spec_verify_ct"] <= n, (out, toks)
         assert prefill.alive() and decode.alive()
     finally:
         for s in servers:

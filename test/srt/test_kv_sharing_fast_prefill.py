@@ -7,6 +7,7 @@ for both tiny models (backends' back-half metadata: test_attention_back_half_met
 import dataclasses
 import os
 import random
+import threading
 import types
 
 import pytest
@@ -533,36 +534,49 @@ def test_input_logprobs_turn_it_off_for_their_batch_only(served):
 
 
 @pytest.mark.stack("yoco-model")
-def test_a_pd_prefill_server_answers_the_first_token_as_hf(served):
-    """A prefill server of PD disaggregation with the fast path on every pass: each
-    request's first token and its logprob as HF's, and the passes counted fast. Requests
-    carry the fake bootstrap host, as the server's warm-up does: the prefill server's own
-    path runs whole and nothing is transferred (mooncake's engine is stood in, pd_stand_in/)."""
+def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_path):
+    """A PD pair, the prefill server with the fast path on every pass, the KV moved by
+    mooncake's engine stood in (pd_stand_in/: real copies between the two processes, the
+    KV-shared layers' never-written buffers left out by the prefill server): each request's
+    first token on the prefill server and its whole greedy output on the decode server as
+    HF's, and the prefill passes counted fast."""
     import requests
-    from cpu_engine import LOGPROB_ATOL
+    from cpu_engine import LOGPROB_ATOL, assert_same_greedy, server_arg_names
     from server_process import ServerProcess, free_port
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    server = ServerProcess(served.model_dir, [
+    here, boot = os.path.dirname(os.path.abspath(__file__)), free_port()
+    env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(here, "pd_stand_in"), os.environ.get("PYTHONPATH")]))}
+    decode_args = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"]
+    if "disaggregation_decode_retraction_backup" in server_arg_names():  # 0.5.23's default pins host memory via CUDA
+        decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    servers = [ServerProcess(served.model_dir, [
         "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
-        "--disaggregation-bootstrap-port", str(free_port()),
-        "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"],
-        name="pd-prefill", env={"PYTHONPATH": os.pathsep.join(filter(None, [
-            os.path.join(here, "pd_stand_in"), os.environ.get("PYTHONPATH")]))})
+        "--disaggregation-bootstrap-port", str(boot),
+        "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"], name="pd-prefill", env=env),
+        ServerProcess(served.model_dir, decode_args, name="pd-decode", env=env)]
     try:
-        server.wait_ready()
-        for room, (prompt, (toks, lps)) in enumerate(served.ref.items()):
-            r = server.post("/generate", {
-                "input_ids": list(prompt), "return_logprob": True, "bootstrap_host": "2.2.2.2",
-                "bootstrap_room": room, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
-            assert r.status_code == 200, r.text
-            (lp, tok, _), = r.json()["meta_info"]["output_token_logprobs"]
+        prefill, decode = (s.wait_ready() for s in servers)
+        for room, (prompt, (toks, lps)) in enumerate(served.ref.items(), start=1):
+            body = {"input_ids": list(prompt), "return_logprob": True, "bootstrap_host": "127.0.0.1",
+                    "bootstrap_port": boot, "bootstrap_room": room,
+                    "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0.0}}
+            out = {}
+            th = threading.Thread(target=lambda: out.update(p=prefill.post("/generate", body)))
+            th.start()
+            d = decode.post("/generate", body)
+            th.join()
+            assert out["p"].status_code == 200 and d.status_code == 200, out["p"].text + d.text + decode.log_tail()
+            (lp, tok, _), = out["p"].json()["meta_info"]["output_token_logprobs"]
             assert tok == toks[0] and abs(lp - lps[0]) <= LOGPROB_ATOL, (len(prompt), tok, toks[0], lp, lps[0])
-        info = requests.get(server.url + "/get_server_info", timeout=30).json()
+            got = d.json()["meta_info"]["output_token_logprobs"]
+            assert_same_greedy(([t for _, t, _ in got], [v for v, _, _ in got]), (toks, lps), prompt)
+        info = requests.get(prefill.url + "/get_server_info", timeout=30).json()
         passes = info["internal_states"][0]["kv_sharing_fast_prefill_passes"]
         assert passes.get("fast", 0) >= len(served.ref) - 1, passes  # the warm-up's is one more
     finally:
-        server.stop()
+        for s in servers:
+            s.stop()
 
 
 @pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
