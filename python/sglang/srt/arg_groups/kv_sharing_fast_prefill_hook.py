@@ -375,6 +375,9 @@ def handle_kv_sharing_fast_prefill(server_args: ServerArgs) -> None:
 def _graphs_line(server_args: ServerArgs, graphs_skip: Optional[str]) -> str:
     if graphs_skip is not None:
         return f"eager ({graphs_skip})"
-    if settings.view(server_args).disaggregation_mode == "prefill":
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    # Captured with decode graphs off: only a prefill server's role does that.
+    if settings.cuda_graph_config(server_args).decode.backend == Backend.DISABLED:
         return "in CUDA graphs (its own: a prefill server captures no decode graphs)"
     return "in CUDA graphs"
