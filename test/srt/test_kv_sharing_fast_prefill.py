@@ -539,7 +539,7 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
     mooncake's engine stood in (pd_stand_in/: real copies between the two processes, the
     KV-shared layers' never-written buffers left out by the prefill server): each request's
     first token on the prefill server and its whole greedy output on the decode server as
-    HF's, and the prefill passes counted fast."""
+    HF's, and the prefill passes counted fast; a request without bootstrap fields gets a 400."""
     import requests
     from cpu_engine import LOGPROB_ATOL, assert_same_greedy, server_arg_names
     from server_process import ServerProcess, free_port
@@ -574,6 +574,9 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
         info = requests.get(prefill.url + "/get_server_info", timeout=30).json()
         passes = info["internal_states"][0]["kv_sharing_fast_prefill_passes"]
         assert passes.get("fast", 0) >= len(served.ref) - 1, passes  # the warm-up's is one more
+        # sent to the decode server alone (no bootstrap): a 400, and it keeps serving
+        r = decode.post("/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}})
+        assert r.status_code == 400 and "bootstrap_host is missing" in r.text and decode.alive(), r.text
     finally:
         for s in servers:
             s.stop()

@@ -152,6 +152,29 @@ def test_requests_within_the_bounds_pass():
                          top_logprobs_num=VOCAB), VOCAB, limits=raised)
 
 
+@pytest.mark.stack("generic-fixes", step="pd-decode-request-needs-bootstrap-host", fails_before=True)
+def test_a_pd_decode_server_needs_the_bootstrap_host():
+    # without it the decode scheduler failed building the transfer's address: the server stopped
+    import types
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.request_validation import RequestLimits, validate_generate_request
+
+    def check(mode, **kw):
+        limits = RequestLimits.of(types.SimpleNamespace(disaggregation_mode=mode))
+        validate_generate_request(GenerateReqInput(**kw), VOCAB, limits=limits)
+
+    boot = dict(bootstrap_host="10.0.0.1", bootstrap_port=8998, bootstrap_room=7)
+    check("decode", input_ids=[5], **boot)
+    check("decode", input_ids=[[5], [6]], **{**boot, "bootstrap_host": ["10.0.0.1", "10.0.0.2"]})
+    check("prefill", input_ids=[5])
+    check("null", input_ids=[5])
+    with pytest.raises(ValueError, match=r"bootstrap_host is missing: a PD decode server .* the router"):
+        check("decode", input_ids=[5])
+    with pytest.raises(ValueError, match=r"bootstrap_host\[1\] is missing"):
+        check("decode", input_ids=[[5], [6]], bootstrap_host=["10.0.0.1", None])
+
+
 @pytest.mark.stack("generic-fixes", step="scheduler-aborts-out-of-vocab-request", fails_before=True)
 def test_scheduler_check():
     from types import SimpleNamespace as NS

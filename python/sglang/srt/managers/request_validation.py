@@ -88,6 +88,8 @@ class RequestLimits:
     max_sequences_per_request: Optional[int] = None
     # top_logprobs_num: entries per position of every token returned
     max_top_logprobs_num: Optional[int] = None
+    # a PD decode server: each request names its prefill server's bootstrap host
+    needs_bootstrap_host: bool = False
 
     @classmethod
     def of(cls, server_args: Any) -> "RequestLimits":
@@ -97,6 +99,8 @@ class RequestLimits:
                 server_args, "max_sequences_per_request", None
             ),
             max_top_logprobs_num=getattr(server_args, "max_top_logprobs_num", None),
+            needs_bootstrap_host=getattr(server_args, "disaggregation_mode", None)
+            == "decode",
         )
 
 
@@ -323,6 +327,17 @@ def validate_generate_request(
             and bool(obj.input_embeds[0])
             and isinstance(obj.input_embeds[0][0], list)
         )
+
+    if limits.needs_bootstrap_host:
+        # Without it the decode scheduler fails building the transfer's address.
+        for suffix, host in _items(getattr(obj, "bootstrap_host", None), is_batch):
+            if host is None:
+                _fail(
+                    f"bootstrap_host{suffix} is missing: a PD decode server "
+                    f"(--disaggregation-mode decode) takes a request with its prefill "
+                    f"server's bootstrap_host, bootstrap_port and bootstrap_room, as the "
+                    f"router sends it; send the request through the router."
+                )
 
     if not hasattr(obj, "top_logprobs_num"):  # EmbeddingReqInput
         _check_sequences(obj, is_batch, limits)
