@@ -362,13 +362,16 @@ def test_a_prefill_server_captures_the_back_half(monkeypatch):
     assert reason(decode=Backend.DISABLED, disaggregation_mode="prefill", locked=off) == "decode CUDA graphs are off"
     assert reason(decode=Backend.DISABLED, disaggregation_mode="decode") == "decode CUDA graphs are off"
     assert reason(device="cpu", decode=Backend.DISABLED, disaggregation_mode="prefill") == "device cpu"
-    # and the start-up line says whose graphs they are (unless the user turned decode graphs on)
-    def line(decode):
-        return hook._graphs_line(types.SimpleNamespace(graphs=types.SimpleNamespace(
-            decode=types.SimpleNamespace(backend=decode))), None)
+    # and the start-up line says whose graphs they are: a prefill server's own unless the
+    # user turned decode graphs on there
+    def line(mode, decode, locked=frozenset()):
+        return hook._graphs_line(types.SimpleNamespace(
+            view=types.SimpleNamespace(disaggregation_mode=mode), locked=locked,
+            graphs=types.SimpleNamespace(decode=types.SimpleNamespace(backend=decode))), None)
 
-    assert line(Backend.DISABLED) == "in CUDA graphs (its own: a prefill server captures no decode graphs)"
-    assert line(Backend.FULL) == "in CUDA graphs"
+    assert line("prefill", Backend.DISABLED) == "in CUDA graphs (its own: a prefill server captures no decode graphs)"
+    assert line("prefill", Backend.FULL, off) == "in CUDA graphs"
+    assert line("null", Backend.FULL) == "in CUDA graphs"
 
 
 @pytest.mark.parametrize("name, architecture, num_shared, num_layers", [

@@ -377,7 +377,9 @@ def _graphs_line(server_args: ServerArgs, graphs_skip: Optional[str]) -> str:
         return f"eager ({graphs_skip})"
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    # Captured with decode graphs off: only a prefill server's role does that.
-    if settings.cuda_graph_config(server_args).decode.backend == Backend.DISABLED:
+    if (
+        _prefill_server_role(server_args)
+        and settings.cuda_graph_config(server_args).decode.backend == Backend.DISABLED
+    ):
         return "in CUDA graphs (its own: a prefill server captures no decode graphs)"
     return "in CUDA graphs"
