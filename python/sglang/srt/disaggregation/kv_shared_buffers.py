@@ -19,11 +19,12 @@ def kv_shared_layer_ids(hf_text_config) -> range:
     return range(num_layers - shared, num_layers)
 
 
-def _layer_entries(pool, index: int):
-    """The (K, V) entries of one layer of a pool, as its PD registration lists them."""
+def _layer_entries(pool, indices) -> list:
+    """The K and V entries of the given layers of a pool, as its PD registration lists
+    them (every layer's K, then every layer's V)."""
     ptrs, _, _ = pool.get_contiguous_buf_infos()
     half = len(ptrs) // 2
-    return ptrs[index], ptrs[half + index]
+    return [ptrs[i] for i in indices] + [ptrs[half + i] for i in indices]
 
 
 def never_written_data_ptrs(token_to_kv_pool, hf_text_config) -> FrozenSet[int]:
@@ -33,27 +34,24 @@ def never_written_data_ptrs(token_to_kv_pool, hf_text_config) -> FrozenSet[int]:
     shared = kv_shared_layer_ids(hf_text_config)
     if not shared:
         return frozenset()
-    ptrs = set()
-    mapping = getattr(token_to_kv_pool, "layers_mapping", None)
-    if (
-        mapping is not None
-    ):  # SWAKVPool: {global layer id: (index in its sub-pool, is_swa)}
-        if not hasattr(token_to_kv_pool, "full_kv_pool"):
+    pool = token_to_kv_pool
+    mapping = getattr(pool, "layers_mapping", None)
+    if mapping is not None:
+        # SWAKVPool: {global layer id: (index in its sub-pool, is_swa)}
+        if not hasattr(pool, "full_kv_pool"):
             return frozenset()
+        indices = {False: [], True: []}
         for layer_id in shared:
             if layer_id in mapping:
                 index, is_swa = mapping[layer_id]
-                sub_pool = (
-                    token_to_kv_pool.swa_kv_pool
-                    if is_swa
-                    else token_to_kv_pool.full_kv_pool
-                )
-                ptrs.update(_layer_entries(sub_pool, index))
-    elif hasattr(token_to_kv_pool, "k_buffer") and hasattr(
-        token_to_kv_pool, "v_buffer"
-    ):  # one MHA pool: a buffer per layer from start_layer on
-        start = getattr(token_to_kv_pool, "start_layer", 0) or 0
-        for layer_id in shared:
-            if 0 <= layer_id - start < token_to_kv_pool.layer_num:
-                ptrs.update(_layer_entries(token_to_kv_pool, layer_id - start))
-    return frozenset(ptrs)
+                indices[is_swa].append(index)
+        return frozenset(
+            _layer_entries(pool.full_kv_pool, indices[False])
+            + _layer_entries(pool.swa_kv_pool, indices[True])
+        )
+    if hasattr(pool, "k_buffer") and hasattr(pool, "v_buffer"):
+        # One MHA pool: a buffer per layer from start_layer on.
+        start = getattr(pool, "start_layer", 0) or 0
+        indices = [i - start for i in shared if 0 <= i - start < pool.layer_num]
+        return frozenset(_layer_entries(pool, indices))
+    return frozenset()
