@@ -31,7 +31,7 @@ its rows give per-request decode speed and TTFT. YOCO is off throughout.
 widened to the target). `--stock-flags`: served as the reporting user serves, `launch_server`
 with the dummy weights, `--page-size` (64) and, in MTP modes, the assistant; every other
 flag at its default (no MODE_FLAGS, no benchmark engine settings). A mode ending in `-real`
-leaves acceptance to the seeded drafter (no SGLANG_SIMULATE_ACC_LEN). Each server serves every workload once unmeasured first (run.py's
+leaves acceptance to the seeded drafter (no SGLANG_SIMULATE_ACC_LEN); `MODE@X` simulates X. Each server serves every workload once unmeasured first (run.py's
 warm-up, 16 prompts or --warmup-prompts N; --no-warmup skips it). Writes OUT_DIR/serve_mtp.json
 and one `ROW {json}` line per (mode, workload).
 """
@@ -59,10 +59,7 @@ def stock_server_cmd(model, port, draft, page_size):
            "--load-format", "dummy", "--page-size", str(page_size)]
     if draft:
         cmd += ["--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", draft,
-                "--speculative-draft-load-format", "dummy",
-                # FROZEN_KV_MTP's defaults since stack 06's default-steps step; before it, needed
-                "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                "--speculative-num-draft-tokens", "4"]
+                "--speculative-draft-load-format", "dummy"]  # step counts: FROZEN_KV_MTP's defaults
     return cmd
 
 
@@ -224,8 +221,9 @@ def main():
     rows = []
     for i, mode in enumerate(a.modes.split(",")):
         env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
+        mode, _, accept_len = mode.partition("@")  # "mtp@1.5": this mode at that simulated acceptance
         if mode != "nospec" and not mode.endswith("-real"):
-            env["SGLANG_SIMULATE_ACC_LEN"] = a.accept_len
+            env["SGLANG_SIMULATE_ACC_LEN"] = accept_len or a.accept_len
         if a.fresh_triton_cache:
             env["TRITON_CACHE_DIR"] = os.path.abspath(f"{a.out}/triton_cache_{i}_{mode}")
         if a.jit_log or a.no_kernel_warmup or a.gc_log:
@@ -257,7 +255,8 @@ def main():
                 running = min(min(n, c or n) for w, _, _, n, c in workloads if w == name)
                 profile_later(port, os.path.abspath(f"{a.out}/trace_{mode}_{name}"), a.profile_at, a.profile_steps,
                               running, a.profile_cpu)
-        for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode}.jsonl", mode, mode,
+        mode = f"{mode}@{accept_len}" if accept_len else mode
+        for r in serve_workloads(cmd, env, port, model, workloads, f"{a.out}/serve_{mode.replace('@', '_acc')}.jsonl", mode, mode,
                                  not a.no_warmup, a.warmup_prompts, on_measured, mturn_bench(rounds)):
             r.pop("ttfts_ms", None)
             if a.gc_log:

@@ -5,7 +5,8 @@
 
 Each mode starts its servers, one after the other on the same GPU, with the YOCO
 benchmark's engine settings (benchmark/yoco_gemma4/run.py: seeded weights at scale,
-triton) plus --enable-deterministic-inference and --mem-fraction-static MEM each:
+triton) plus --enable-deterministic-inference and --mem-fraction-static MEM (the decode
+server, started second, 2 x MEM: the fraction is of the memory free when a server starts):
   single  one server (no PD, YOCO off): the reference outputs
   pd-off  prefill server + decode server, YOCO off on the prefill server
   pd-on   the same with --kv-sharing-fast-prefill on the prefill server
@@ -65,7 +66,9 @@ class Server:
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+        except ProcessLookupError:  # exited already (e.g. failed to start)
+            pass
+        except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
         time.sleep(3)
 
@@ -143,7 +146,8 @@ def main():
             yoco = mode == "pd-on"
             servers = [Server(a.out, f"{a.variant}_{mode}_prefill", model, a.port, yoco, a.mem,
                               ["--disaggregation-mode", "prefill", *PD, "--disaggregation-bootstrap-port", str(boot)], det),
-                       Server(a.out, f"{a.variant}_{mode}_decode", model, a.port + 1, False, a.mem,
+                       # Started second: the static fraction is of the memory still free then.
+                       Server(a.out, f"{a.variant}_{mode}_decode", model, a.port + 1, False, min(0.9, 2 * a.mem),
                               ["--disaggregation-mode", "decode", *PD], det)]
         try:
             for s in servers:
