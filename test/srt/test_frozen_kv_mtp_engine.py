@@ -184,7 +184,7 @@ def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
     _assert_chain_selected(capfd, "grouped")
 
 
-@pytest.mark.stack("generic-fixes", step="frozen-kv-mtp-pd-decode-seed", fails_before=True)
+@pytest.mark.stack("generic-fixes")  # its step's own proof: test_frozen_kv_mtp_pd_seed.py
 def test_mtp_on_both_servers_of_pd(setup, tmp_path):
     """FROZEN_KV_MTP on a PD pair: a prefill and a decode server, the KV moved by mooncake's
     engine stood in (pd_stand_in/: real copies between the two processes). The prefill
