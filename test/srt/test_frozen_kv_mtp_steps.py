@@ -72,16 +72,16 @@ def setup(tmp_path_factory):
     yield target, draft, env, prompts, [w[:n] for w, n in zip(want, NEW_TOKENS)]
 
 
-# The step that makes the chain verify FROZEN_KV_MTP's default on triton; on 0.5.23 the
-# chain mode of upstream's split-KV verify (0.5.17's 06/0001, 0003 and 0010 in one step).
-@pytest.mark.stack("frozen-kv-mtp-speed", step="split-kv-verify-default", bases=("0.5.17",))
+# The stack's verify as served by default: 0.5.17's chain verify (its default since
+# 06/0010), on 0.5.23 the chain mode of upstream's split-KV verify (06/0101). Stack tests:
+# they run in the suite, on the whole stack (each step has its own proof).
+@pytest.mark.stack("frozen-kv-mtp-speed", bases=("0.5.17",))
 @pytest.mark.parametrize("steps", [3, 4, 5])
 def test_mtp_steps_under_concurrency_equal_no_speculation(setup, steps):
     check_steps(setup, steps)
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-split-kv-verify-mode",
-                   bases=("0.5.23",))
+@pytest.mark.stack("frozen-kv-mtp-speed", bases=("0.5.23",))
 @pytest.mark.parametrize("steps", [3, 4, 5])
 def test_mtp_steps_under_concurrency_equal_no_speculation_upstream_splitkv(setup, steps):
     check_steps(setup, steps)
