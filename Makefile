@@ -30,7 +30,7 @@ JOBS ?= 2
 # OpenMP threads spun against the others' (an engine test used about 30 % more CPU).
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test install check export clean
+.PHONY: demo test install check export clean lint
 
 build/requirements-$(BASE).txt: requirements-cpu.txt bases/$(BASE)/requirements-cpu.txt
 	$(FORK) requirements $@
@@ -51,9 +51,13 @@ install: $(VENV)/.deps
 # the last step's tree. For CI time each test runs once: the stacks' own tests (engine and
 # server runs) and the last step's run in the suite only, not also at their stack's end
 # (`fork.py check --each` without the two options runs them there too).
-test: install
+test: install lint
 	@$(PY) tools/phase.py "per-step-check$(PHASE)" $(FORK) check --each --last-stack-in-suite --stack-tests-in-suite --jobs $(JOBS) --python $(VPY)
-	@$(PY) tools/phase.py "suite$(PHASE)" $(VPY) -m pytest $(SUITE) -q -p no:cacheprovider -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=15
+	@$(PY) tools/phase.py "suite$(PHASE)" $(VPY) -m pytest $(SUITE) -q -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=15
+
+# pyproject.toml's [tool.ruff]: syntax errors, undefined and unused names.
+lint: $(VENV)/.deps
+	@$(PY) tools/phase.py "lint$(PHASE)" $(VPY) -m ruff check --quiet .
 
 demo: install
 	$(VPY) scripts/demo.py

@@ -3,10 +3,8 @@ forward_bench.py on the tiny model, serve_mtp.py's GC log, verify_kernel_bench.p
 Triton's interpreter."""
 
 import os
-import random
 import sys
 
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmark", "yoco_gemma4"))

@@ -2,7 +2,6 @@
 one-sided runs merged, an empty prefix cache per pass."""
 
 import os
-import random
 import sys
 
 import pytest

@@ -122,12 +122,3 @@ def pytest_terminal_summary(terminalreporter):
         for name, value in getattr(rep, "user_properties", ()):
             if name == "summary" and rep.when == "call":
                 terminalreporter.write_line(f"{rep.nodeid}: {value}")
-
-
-def pytest_configure(config):
-    # Read statically by tools/fork.py check --each to run each test at its step.
-    config.addinivalue_line(
-        "markers",
-        "stack(name, step=None, fails_before=False, suite_only=False): the PR stack "
-        "(and step) that introduces what the test covers",
-    )

@@ -5,7 +5,6 @@ through forward_batch_generation (at 0 draft steps the target verifies the bonus
 """
 import inspect
 import types
-from contextlib import contextmanager
 
 import pytest
 import torch

@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 import torch
 
-from test_kv_sharing_fast_prefill import make_batch, reason
+from test_gemma4_yoco import make_batch, reason
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import (
@@ -241,7 +241,7 @@ def test_phase_assistant_draft_steps_do_not_fire():
     fb = make_batch([5, 9], mode=ForwardMode.DECODE)
     fb.capture_hidden_mode = mode
     # even if the assistant's model had a first shared layer, DECODE never fires (and a
-    # draft worker plans nothing: test_kv_sharing_fast_prefill)
+    # draft worker plans nothing: test_gemma4_yoco)
     assert reason(fb) == "forward_mode"
 
 

@@ -154,7 +154,9 @@ def test_each_step_carries_its_modules_at_that_steps_content(two_stacks, tmp_pat
     grows = (env.root / "patches/02-yoco/0002-yoco-grows.patch").read_text()
     assert "yoco.py" not in grows and "+++ /dev/null" in grows  # old.py's removal stays
     record = json.loads((env.root / "patches/02-yoco/0002-yoco-grows.replaced.json").read_text())
-    assert record[YOCO]["replaced"] == [[1, 2, []]]  # line 2 is new; no final text kept
+    [[at, size, old, pre, post, anchor]] = record[YOCO]["replaced"]
+    # line 2 is new, found by the hash of it and its line of context; no final text kept
+    assert (at, size, old, pre, post) == (1, 1, [], 1, 0) and len(anchor) == 64
     part = fork.materialize(env, tmp_path / "part", upto="yoco-grows")
     assert (part.dest / YOCO).read_text() == "X = 1\n"
     assert (part.dest / "python/sglang/srt/old.py").exists()
@@ -170,9 +172,10 @@ def test_each_step_carries_its_modules_at_that_steps_content(two_stacks, tmp_pat
 
 
 def test_a_module_is_edited_in_place_and_lands_in_its_step(two_stacks, tmp_path):
-    """An edit of a module under python/ lands in the step that adds it; where a later
-    step changes the module, its record no longer applies and says so (rework through
-    materialize, rebase, import); a file no step adds is refused."""
+    """An edit of a module under python/ lands in the step that adds it, also where a
+    later step changes the module, unless it is on the lines that step changed (or their
+    context): then the record says so (rework through materialize, rebase, import); a
+    file no step adds is refused."""
     big = "python/sglang/srt/big.py"
     lines = "".join(f"B{i} = {i}\n" for i in range(12))
     add_step(two_stacks, "03-big/0001-big.patch", write(big, lines), "feat: big")
@@ -180,9 +183,14 @@ def test_a_module_is_edited_in_place_and_lands_in_its_step(two_stacks, tmp_path)
     full = fork.materialize(two_stacks, tmp_path / "full")
     assert git(full.dest, "show", f"HEAD:{big}") == '"""Doc."""\n' + lines
     assert git(full.dest, "show", f"HEAD~1:{YOCO}") == "X = 1\nY = X + 1\n"
-    (two_stacks.root / YOCO).write_text('"""Doc."""\nX = 1\nY = X + 1\n')
+    # above and below the lines the later step changed: both land in the adding step
+    (two_stacks.root / YOCO).write_text('"""Doc."""\nX = 1\nY = X + 1\n# end\n')
+    moved = fork.materialize(two_stacks, tmp_path / "moved")
+    assert git(moved.dest, "show", f"HEAD~2:{YOCO}") == '"""Doc."""\nX = 1\n# end\n'
+    assert (moved.dest / YOCO).read_text() == '"""Doc."""\nX = 1\nY = X + 1\n# end\n'
+    (two_stacks.root / YOCO).write_text("X = 1\nY = X + 2\n")
     with pytest.raises(fork.ForkError, match=r"yoco.py \(step 02-yoco/0002-yoco-grows.patch\): "
-                                              "the module is not the content the record"):
+                                              "the lines that step changed near line 2"):
         fork.materialize(two_stacks, tmp_path / "out")
     (two_stacks.root / YOCO).write_text("X = 1\nY = X + 1\n")
     (two_stacks.root / "python/sglang/srt/stray.py").write_text("")
@@ -457,7 +465,7 @@ def test_a_base_without_a_later_stack_keeps_the_shared_module_as_it_was_there(tw
              "feat(yoco): differs here")
     assert (other.own_python / "sglang/srt/yoco.py").read_text() == "X = 1\nY = 2\n"
     (other.own_python / "sglang/srt/yoco.py").unlink()
-    with pytest.raises(fork.ForkError, match=r"0002-yoco-differs.patch\): the module is not the content"):
+    with pytest.raises(fork.ForkError, match=r"0002-yoco-differs.patch\): the lines that step changed"):
         fork.materialize(other, tmp_path / "out2")
 
 
@@ -794,3 +802,24 @@ def test_a_base_lists_only_the_pins_that_differ(env):
     assert fork.main(["--base", "0.5.99", "requirements", str(env.root / "r.txt")],
                      fork=other) == 0
     assert (env.root / "r.txt").read_text().splitlines()[2] == "bbb-c==2.5"
+
+
+def test_every_real_module_can_be_edited_in_place(tmp_path):
+    """Each of the project's new modules, on each base, takes a line appended in place:
+    the series still builds every step's content, and the line is there from the step
+    that adds the module on (no later step's record refuses the edit)."""
+    root = tmp_path / "repo"
+    for part in ("tools", "patches", "python", "bases"):
+        shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    edited = sorted(p for p in root.glob("**/python/**/*.py"))
+    for p in edited:
+        p.write_text(p.read_text() + "# edited in place\n")
+    for base in (None, *sorted(p.name for p in (root / "bases").iterdir() if p.is_dir())):
+        f = fork.Fork(root=root, base=base)
+        steps = fork.read_series(f)
+        contents = fork.step_contents(f, steps)
+        seen = {rel for mods in contents.values() for rel in mods}
+        assert seen, base
+        for name, mods in contents.items():
+            for rel, data in mods.items():
+                assert data.endswith(b"# edited in place\n"), (base, name, rel)

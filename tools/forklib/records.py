@@ -3,9 +3,11 @@ content before that step from its content after it.
 
 A new module lives once, under python/, at its final content. A later step that changes
 it keeps, next to its patch (NNNN-name.replaced.json), only the lines its change
-replaced, with their places in the content after the step, and that content's sha256:
-the record carries no line of the final module, and a module edited in place where a
-later step's record applies is caught by the hash, not rebuilt wrong."""
+replaced. Each replaced run is found again by an anchor, not by the whole module: the
+sha256 of the lines the step wrote there and of up to CONTEXT unchanged lines on either
+side. So the record carries no line of the final module, a module can be edited in place
+anywhere but on those lines (the edit lands in the step that adds the module), and an
+edit on them is caught by the anchor, not rebuilt wrong."""
 from __future__ import annotations
 
 import difflib
@@ -17,6 +19,8 @@ from .core import ForkError
 from .series import Step
 
 SUFFIX = ".replaced.json"
+# Unchanged lines on each side of a replaced run that its anchor covers.
+CONTEXT = 3
 
 
 def records_path(patch: Path) -> Path:
@@ -40,25 +44,52 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _anchor(lines: list[str], at: int, size: int, pre: int, post: int) -> str:
+    parts = ("".join(lines[at - pre:at]), "".join(lines[at:at + size]),
+             "".join(lines[at + size:at + size + post]))
+    return sha256("\0".join(parts).encode("utf-8", "surrogateescape"))
+
+
 def make_record(before: bytes, after: bytes) -> dict:
     """The record of a change from ``before`` to ``after``: for each changed run of lines,
-    where it stands in ``after`` and the lines of ``before`` it replaced."""
+    [where it starts in ``after``, how many lines it has there, the lines of ``before`` it
+    replaced, unchanged lines of context before it and after it, its anchor]. The context
+    stays within the unchanged lines next to the run, so undoing one run leaves the others'
+    anchors whole."""
     a, b = _lines(after), _lines(before)
-    ops = [[i1, i2, b[j1:j2]] for tag, i1, i2, j1, j2 in
-           difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if tag != "equal"]
-    return {"after_sha256": sha256(after), "replaced": ops}
+    codes = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    ops = []
+    for k, (tag, i1, i2, j1, j2) in enumerate(codes):
+        if tag == "equal":
+            continue
+        pre = min(CONTEXT, codes[k - 1][2] - codes[k - 1][1]) if k else 0
+        post = min(CONTEXT, codes[k + 1][2] - codes[k + 1][1]) if k + 1 < len(codes) else 0
+        ops.append([i1, i2 - i1, b[j1:j2], pre, post, _anchor(a, i1, i2 - i1, pre, post)])
+    return {"replaced": ops}
+
+
+def _find(lines: list[str], op: list, where: str) -> int:
+    """Where the run of ``op`` is in ``lines``: the match of its anchor nearest to the line
+    it was recorded at (lines edited in place above it move it)."""
+    at, size, _, pre, post, anchor = op
+    top = len(lines) - size - post
+    for delta in range(max(at, len(lines)) + 1):
+        for p in ((at,) if delta == 0 else (at - delta, at + delta)):
+            if pre <= p <= top and _anchor(lines, p, size, pre, post) == anchor:
+                return p
+    raise ForkError(
+        f"{where}: the lines that step changed near line {at + 1} of the module (or the "
+        f"{CONTEXT} lines around them) were edited in place, so the module before that step "
+        "cannot be rebuilt: rework it with tools/fork.py materialize, git rebase -i and "
+        "tools/fork.py import")
 
 
 def undo(data: bytes, record: dict, where: str) -> bytes:
     """The content before the recorded change, from ``data``, the content after it."""
-    if sha256(data) != record["after_sha256"]:
-        raise ForkError(
-            f"{where}: the module is not the content the record applies to (it was edited "
-            "in place, and a later step changes it): rework it with tools/fork.py "
-            "materialize, git rebase -i and tools/fork.py import")
     lines = _lines(data)
-    for i1, i2, old in sorted(record["replaced"], key=lambda op: -op[0]):
-        lines[i1:i2] = old
+    for op in sorted(record["replaced"], key=lambda op: -op[0]):
+        p = _find(lines, op, where)
+        lines[p:p + op[1]] = op[2]
     return "".join(lines).encode("utf-8", "surrogateescape")
 
 
