@@ -14,8 +14,8 @@
 
 The weights are random, so the replies are gibberish words: the demo shows the API path
 and the server log, not a language model. Extra arguments go to the server (for
-instance `--kv-sharing-fast-prefill-min-tokens 4096`; the demo passes 0, so that its short
-prompts take the fast path). DEMO_PORT sets the port (30123).
+instance `--kv-sharing-fast-prefill-min-tokens 4096`, from which a pass takes the fast path;
+unset on CPU, every pass does). DEMO_PORT sets the port (30123).
 """
 
 import json
@@ -101,15 +101,17 @@ def build_model(path: str) -> str:
     return path
 
 
+# The README's command for serving a checkpoint on CPU, after --model-path PATH (on CPU
+# the attention backend is torch_native, and an unset min-tokens lets every pass take the
+# fast path; the KV cache is bounded, else it takes most of the machine's memory).
+CPU_SERVER_ARGS = ("--device", "cpu", "--kv-sharing-fast-prefill", "--max-total-tokens", "32768")
+
+
 def server_command(model: str, port: int, extra=()) -> list:
     return [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", model, "--served-model-name", MODEL_NAME,
-        "--device", "cpu", "--dtype", "float32",  # on CPU the attention backend is torch_native
-        "--max-total-tokens", "8192", "--port", str(port), "--log-level", "info",
-        # min-tokens 0: the demo's short prompts take the fast path too (unset, the
-        # threshold is 4096 new tokens where the back half runs eager, as on CPU)
-        "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0",
+        sys.executable, "-m", "sglang.launch_server", "--model-path", model, *CPU_SERVER_ARGS,
+        "--served-model-name", MODEL_NAME, "--dtype", "float32",
+        "--port", str(port), "--log-level", "info",
         "--enable-metrics",  # /metrics counts the prefill passes that took the fast path
         *extra,
     ]

@@ -73,6 +73,11 @@ def test_demo_client_path(tmp_path):
         assert isinstance(text, str) and text.strip(), (name, text)
     log = "\n".join(server.lines)
     assert "KV-sharing fast prefill (YOCO) on" in log
-    assert "prefill passes of >= 0 new tokens" in log
+    assert "prefill passes of >= 0 new tokens (unset: on CPU" in log
+    assert "not initialized from checkpoints" not in log, log  # read as a broken checkpoint
+    # the server is the README's CPU command (its own flags after it: port, metrics, ...)
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert ("python -m sglang.launch_server --model-path PATH " + " ".join(demo.CPU_SERVER_ARGS)
+            in readme)
     # the three prompts' prefill passes took the fast path, counted in /metrics
     assert passes.get(("fast", ""), 0) >= 3, passes

@@ -274,9 +274,9 @@ def test_gemma4_with_kv_shared_layers_accepted(model, caplog, variant):
     args, (line,), _ = logged(caplog, server_args, model(variant))  # one line, no warning
     assert resolved(args, "kv_sharing_fast_prefill") is True
     # min-tokens unset: resolved once, here, with the reason in the line
-    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 0
     assert line.startswith(f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
-                           f"of {num_layers}; prefill passes of >= 4096 new tokens (unset: ")
+                           f"of {num_layers}; prefill passes of >= 0 new tokens (unset: ")
     assert f") run layers {first_shared}-{num_layers - 1} for the last token of each request only" in line
     _, (line,), _ = logged(caplog, server_args, model(variant),
                            kv_sharing_fast_prefill_min_tokens=64)
@@ -287,10 +287,8 @@ def test_gemma4_with_kv_shared_layers_accepted(model, caplog, variant):
 def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(model, caplog, monkeypatch):
     from sglang.srt.runtime_context import get_exec
 
-    # on this CPU-only machine the back half runs eager: the default stays
+    # on this CPU-only machine the back half runs eager
     args, (line,), _ = logged(caplog, server_args, model("E4B"))
-    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
-    assert "(unset: the back half runs eager (device cpu), and smaller" in line
     # the decision is recorded once, for the model runner (which never asks the hook)
     assert resolved(args, "kv_sharing_fast_prefill_back_half_graphs") is False
     assert line.endswith("request only, eager (device cpu)")
@@ -306,6 +304,37 @@ def test_unset_min_tokens_is_0_where_the_back_half_replays_graphs(model, caplog,
     # set explicitly: kept
     args = server_args(model("E4B"), kv_sharing_fast_prefill_min_tokens=64)
     assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 64
+
+
+@pytest.mark.stack("yoco-model", step="min-tokens-within-a-pass", fails_before=True)
+def test_min_tokens_within_what_a_pass_holds(model, caplog, monkeypatch):
+    import types
+
+    from sglang.srt.arg_groups import kv_sharing_fast_prefill_settings as settings
+
+    # unset on CPU: every pass (no kernel launches bound a short one)
+    args, (line,), _ = logged(caplog, server_args, model("E4B"))
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 0
+    assert "passes of >= 0 new tokens (unset: on CPU no kernel launches bound a short pass)" in line
+    # set above the largest pass: kept, and named with the fix
+    args, _, (warning,) = logged(caplog, server_args, model("E4B"), chunked_prefill_size=1024,
+                                 kv_sharing_fast_prefill_min_tokens=4096)
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
+    assert ("min-tokens 4096 is more new tokens than any prefill pass holds (1024, "
+            "--chunked-prefill-size), so no pass takes the fast path" in warning)
+    assert "Set it to at most 1024, or leave it unset." in warning
+    _, _, warnings = logged(caplog, server_args, model("E4B"), chunked_prefill_size=1024,
+                            kv_sharing_fast_prefill_min_tokens=1024)
+    assert warnings == []
+    # unset where the back half runs eager on a GPU: at most the largest pass
+    context = settings.model_config(args).context_len  # 4096 in the tiny configs
+    for chunk, want, bound in ((2048, 2048, "; at most --chunked-prefill-size 2048"),
+                               (-1, min(4096, context), ""), (8192, min(4096, context), "")):
+        monkeypatch.setattr(settings, "view", lambda a, c=chunk: types.SimpleNamespace(
+            device="cuda", chunked_prefill_size=c))
+        got, why = hook._resolve_min_tokens(args, None, "decode CUDA graphs are off")
+        assert (got, why) == (want, "unset: the back half runs eager (decode CUDA graphs are "
+                              f"off), and smaller passes are bound by its kernel launches{bound}")
 
 
 def graph_skip_reason(monkeypatch):
@@ -546,7 +575,8 @@ def test_breakable_prefill_graph_capped_below_threshold(model, caplog, min_token
     assert graph.bs == [s for s in plain.bs if s < min_tokens]
     assert graph.max_bs == graph.bs[-1] < min_tokens
     assert any("capped" in m for m in infos) == (plain.max_bs >= min_tokens)
-    assert not warnings
+    # only a threshold above the largest pass (CPU's chunked prefill, 2048) is named
+    assert len(warnings) == (min_tokens > resolved(args, "chunked_prefill_size"))
 
 
 def _with_prefill_graph(args, **prefill):
@@ -561,19 +591,24 @@ def test_defaulted_breakable_prefill_graph_capped_quietly(e4b_resolved, caplog):
     # the CUDA default (breakable, as a GPU server resolves it) is capped too
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    on_gpu, _ = _with_prefill_graph(e4b_resolved, backend=Backend.BREAKABLE,
-                                    bs=[256, 2048, 3840, 4096, 8192], max_bs=8192)
-    _, _, warnings = logged(caplog, handle, on_gpu)
-    graph = prefill_graph(on_gpu)
-    assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048, 3840], 3840)
-    assert not warnings
+    for chunk, kept in ((8192, [256, 2048, 3840]), (2048, [256])):  # H100's chunk; 2048 (< 35 GB)
+        _, config = _with_prefill_graph(e4b_resolved, backend=Backend.BREAKABLE,
+                                        bs=[256, 2048, 3840, 4096, 8192], max_bs=8192)
+        # unset again (resolved on this CPU machine to 0)
+        args = with_fields(e4b_resolved, cuda_graph_config=config, chunked_prefill_size=chunk,
+                           kv_sharing_fast_prefill_min_tokens=None)
+        _, _, warnings = logged(caplog, handle, args)
+        graph = prefill_graph(args)
+        assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, kept, kept[-1])
+        assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == min(4096, chunk)
+        assert not warnings
 
 
 def test_pinned_capture_sizes_above_threshold_dropped_with_warning(model, caplog):
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     args, _, (warning,) = logged(
-        caplog, server_args, model("E4B"), attention_backend="triton",
+        caplog, server_args, model("E4B"), attention_backend="triton", chunked_prefill_size=8192,
         cuda_graph_config={"prefill": {"backend": "breakable", "bs": [256, 2048, 8192]}})
     graph = prefill_graph(args)
     assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048], 2048)

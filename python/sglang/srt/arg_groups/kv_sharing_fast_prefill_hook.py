@@ -298,27 +298,53 @@ def _prefill_server_role(server_args: ServerArgs) -> bool:
     )
 
 
+def largest_prefill_pass(server_args: ServerArgs) -> Tuple[int, str]:
+    """(the most new tokens one prefill pass holds, the setting that bounds it)."""
+    context = settings.model_config(server_args).context_len
+    chunk = settings.view(server_args).chunked_prefill_size
+    if chunk is not None and 0 < chunk < context:
+        return chunk, "--chunked-prefill-size"
+    return context, "the context length"
+
+
 def _resolve_min_tokens(
     server_args: ServerArgs, min_tokens: Optional[int], graphs_skip: Optional[str]
 ):
     """(--kv-sharing-fast-prefill-min-tokens, why), resolved once: every later
     reader reads the number. Caps or turns off the prefill CUDA graph to match.
     ``graphs_skip``: why the back half runs eager, or None (CUDA graphs)."""
+    largest, bound = largest_prefill_pass(server_args)
     if min_tokens is not None:
         _handle_prefill_cuda_graph(server_args, min_tokens)
+        if min_tokens > largest:
+            # Accepted (the server works, as without the flag), but said: the
+            # setting reads as if the fast path could run.
+            logger.warning(
+                "--kv-sharing-fast-prefill-min-tokens %d is more new tokens than "
+                "any prefill pass holds (%d, %s), so no pass takes the fast path "
+                "of %s. Set it to at most %d, or leave it unset.",
+                min_tokens,
+                largest,
+                bound,
+                FLAG,
+                largest,
+            )
         return min_tokens, "--kv-sharing-fast-prefill-min-tokens"
-    if _cap_breakable_prefill_graph(server_args, DEFAULT_MIN_TOKENS):
-        return (
-            DEFAULT_MIN_TOKENS,
-            "unset: the prefill CUDA graph replays smaller passes",
-        )
-    _handle_prefill_cuda_graph(server_args, DEFAULT_MIN_TOKENS)
+    # Where short passes are bound by the eager back half's kernel launches
+    # they run in full; never above the largest pass, or no pass would gain.
+    eager_min = min(DEFAULT_MIN_TOKENS, largest)
+    if _cap_breakable_prefill_graph(server_args, eager_min):
+        return eager_min, "unset: the prefill CUDA graph replays smaller passes"
+    _handle_prefill_cuda_graph(server_args, eager_min)
     if graphs_skip is None:
         # With the launches captured, short passes gain too.
         return 0, "unset: the back half replays CUDA graphs"
-    return DEFAULT_MIN_TOKENS, (
+    if settings.view(server_args).device == "cpu":
+        return 0, "unset: on CPU no kernel launches bound a short pass"
+    return eager_min, (
         f"unset: the back half runs eager ({graphs_skip}), and smaller passes are "
         "bound by its kernel launches"
+        + (f"; at most {bound} {largest}" if eager_min < DEFAULT_MIN_TOKENS else "")
     )
 
 
