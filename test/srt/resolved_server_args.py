@@ -32,6 +32,15 @@ def from_cli(parsed) -> ServerArgs:
     return resolve(ServerArgs.from_cli_args(parsed))
 
 
+def model_config(args: ServerArgs):
+    """The ModelConfig that resolution built for ``args`` (what the model gets)."""
+    if DECLARES:
+        from sglang.srt.arg_groups.overrides import model_config_of
+
+        return model_config_of(args)
+    return args.get_model_config()
+
+
 def resolved(args: ServerArgs, name: str):
     """The value resolution decided for the field ``name``."""
     if DECLARES:

@@ -22,22 +22,20 @@ LAYERS = r"""
 import json, sys, types
 from unittest import mock
 sys.path.insert(0, sys.argv[1])
-from transformers import AutoConfig
-from resolved_server_args import build, published
+from resolved_server_args import build, model_config, published
 from sglang.srt.distributed.parallel_state import (
     init_distributed_environment, initialize_model_parallel)
 from sglang.srt.models import gemma4_causal
 
 path, port = sys.argv[2], sys.argv[3]
-init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                             distributed_init_method=f"tcp://127.0.0.1:{port}")
-initialize_model_parallel(1)
-config = AutoConfig.from_pretrained(path)
-config = getattr(config, "text_config", config)
 args = build(model_path=path, device="cpu", attention_backend="torch_native",
              skip_tokenizer_init=True)
+config = model_config(args).hf_text_config  # as the model gets it
 out = {}
-with published(args):
+with published(args):  # 0.5.23's process groups read their widths from it
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
+    initialize_model_parallel()  # one rank (the defaults; 0.5.23 reads the widths)
     for i in range(config.num_hidden_layers):
         layer = gemma4_causal.Gemma4Attention(
             layer_id=i, config=config, head_dim=config.head_dim, max_position_embeddings=64)
