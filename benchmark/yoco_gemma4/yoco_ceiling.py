@@ -40,7 +40,7 @@ def no_back_half(config):
 
 def no_rows(forward_batch, first_shared_layer):
     """back_half_rows for a pass in which no request's prefill ends."""
-    from sglang.srt.layers.kv_sharing_fast_prefill import BackHalfRows
+    from sglang.srt.model_executor.kv_sharing_fast_prefill_plan import BackHalfRows
 
     return BackHalfRows(first_shared_layer=first_shared_layer, token_index=_NO_INDEX, req_index=_NO_INDEX,
                         seq_lens_cpu=(), prefix_lens_cpu=())

@@ -20,7 +20,8 @@ from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixtu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang.srt.layers import kv_sharing_fast_prefill as yoco
+from sglang.srt.layers import kv_sharing_fast_prefill as yoco_model
+from sglang.srt.model_executor import kv_sharing_fast_prefill_plan as yoco
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context, get_attn_backend
 
@@ -31,12 +32,14 @@ HIDDEN, PLE = 6, 2
 
 
 def planner(attention=None, min_tokens=0, layers_to_capture=(), back_half=None, pp_size=1):
-    from sglang.srt.model_executor.kv_sharing_fast_prefill_planner import KVSharingFastPrefillPlanner
+    from sglang.srt.model_executor.kv_sharing_fast_prefill_planner import (
+        FastPrefillSettings, KVSharingFastPrefillPlanner)
 
     model = types.SimpleNamespace(layers_to_capture=list(layers_to_capture))
-    back_half = back_half or yoco.KVSharedBackHalf([], FIRST_SHARED, END, HIDDEN, 0)
+    back_half = back_half or yoco_model.KVSharedBackHalf([], FIRST_SHARED, END, HIDDEN, 0)
     attention = attention or yoco.BackHalfAttention(make_torch_native_backend())
-    return KVSharingFastPrefillPlanner(model, back_half, attention, min_tokens, pp_size)
+    return KVSharingFastPrefillPlanner(model, back_half, attention, FastPrefillSettings(min_tokens),
+                                       pp_size)
 
 
 def reason(fb, layers_to_capture=(), pp_size=1, first=FIRST_SHARED, min_tokens=0):
@@ -95,8 +98,8 @@ def test_why_a_pass_keeps_the_full_computation(case, want):
 
 
 def test_first_kv_shared_layer():
-    assert yoco.first_kv_shared_layer(types.SimpleNamespace(num_hidden_layers=60, num_kv_shared_layers=0)) is None
-    assert yoco.first_kv_shared_layer(types.SimpleNamespace(num_hidden_layers=42, num_kv_shared_layers=18)) == 24
+    assert yoco_model.first_kv_shared_layer(types.SimpleNamespace(num_hidden_layers=60, num_kv_shared_layers=0)) is None
+    assert yoco_model.first_kv_shared_layer(types.SimpleNamespace(num_hidden_layers=42, num_kv_shared_layers=18)) == 24
 
 
 @settings(max_examples=60, deadline=None)
@@ -204,20 +207,20 @@ def test_a_draft_worker_or_a_model_without_a_back_half_plans_nothing(monkeypatch
     features = types.SimpleNamespace(kv_sharing_fast_prefill=True, kv_sharing_fast_prefill_min_tokens=0)
     monkeypatch.setattr(kp, "get_exec", lambda: types.SimpleNamespace(features=features))
 
-    class Text(torch.nn.Module, yoco.SupportsKVSharingFastPrefill):
+    class Text(torch.nn.Module, yoco_model.SupportsKVSharingFastPrefill):
         def __init__(self, shared):
             super().__init__()
             self.cfg = types.SimpleNamespace(num_hidden_layers=END, num_kv_shared_layers=shared, hidden_size=HIDDEN)
 
         def kv_shared_back_half(self):
-            return yoco.KVSharedBackHalf.of(self.cfg, [], END, 0)
+            return yoco_model.KVSharedBackHalf.of(self.cfg, [], END, 0)
 
     def runner(shared, draft=False):
         outer = torch.nn.Module()
         outer.language_model = Text(shared)
         return types.SimpleNamespace(model=outer, is_draft_worker=draft)
 
-    assert yoco.find_kv_shared_back_half(runner(4).model)[1].first_layer == FIRST_SHARED
+    assert yoco_model.find_kv_shared_back_half(runner(4).model)[1].first_layer == FIRST_SHARED
     assert kp.KVSharingFastPrefillPlanner.for_model_runner(runner(0)) is None
     assert kp.KVSharingFastPrefillPlanner.for_model_runner(runner(4, draft=True)) is None
     features.kv_sharing_fast_prefill = False
@@ -244,10 +247,10 @@ class StreamLayer(torch.nn.Module):
 
 def stream_back_half(streams):
     layers = torch.nn.ModuleList(StreamLayer(i, streams) for i in range(END))
-    call = yoco.PLAIN_LAYER_CALL if streams else yoco.DECODER_LAYER_CALL
+    call = yoco_model.PLAIN_LAYER_CALL if streams else yoco_model.DECODER_LAYER_CALL
     if not streams:
-        call = yoco.BackHalfLayerCall(lambda layer, **kw: layer(**kw)[0], call.entering)
-    return yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE, streams=streams, layer_call=call)
+        call = yoco_model.BackHalfLayerCall(lambda layer, **kw: layer(**kw)[0], call.entering)
+    return yoco_model.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE, streams=streams, layer_call=call)
 
 
 def stream_rows(streams, n_tok, seed):
@@ -364,9 +367,9 @@ def test_each_text_model_declares_its_back_half(name):
     layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(END))
     text = types.SimpleNamespace(layers=layers, config=cfg, end_layer=END,
                                  hidden_size_per_layer_input=cfg.hidden_size_per_layer_input)
-    assert issubclass(Text, yoco.SupportsKVSharingFastPrefill)
-    layout = dict(streams=cfg.altup_num_inputs, layer_call=yoco.PLAIN_LAYER_CALL) if name == "gemma3n" else {}
-    assert Text.kv_shared_back_half(text) == yoco.KVSharedBackHalf(
+    assert issubclass(Text, yoco_model.SupportsKVSharingFastPrefill)
+    layout = dict(streams=cfg.altup_num_inputs, layer_call=yoco_model.PLAIN_LAYER_CALL) if name == "gemma3n" else {}
+    assert Text.kv_shared_back_half(text) == yoco_model.KVSharedBackHalf(
         layers, FIRST_SHARED, END, cfg.hidden_size, cfg.hidden_size_per_layer_input, **layout)
     cfg.num_kv_shared_layers = 0
     assert Text.kv_shared_back_half(text) is None

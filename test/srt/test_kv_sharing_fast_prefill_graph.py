@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels, make_batch, make_torch_native_backend, make_triton_backend)
-from test_kv_sharing_fast_prefill import FIRST_SHARED, planner, stream_back_half, stream_rows
+from test_gemma4_yoco import FIRST_SHARED, planner, stream_back_half, stream_rows
 
-from sglang.srt.layers import kv_sharing_fast_prefill as yoco
+from sglang.srt.layers import kv_sharing_fast_prefill as yoco_model
+from sglang.srt.model_executor import kv_sharing_fast_prefill_plan as yoco
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner import kv_shared_back_half_graph_runner as kr
 
@@ -74,7 +75,7 @@ class EagerReplay:
 
 def back_half(layers=None):
     layers = layers or torch.nn.ModuleList(FakeLayer(i) for i in range(END))
-    return yoco.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE)
+    return yoco_model.KVSharedBackHalf(layers, FIRST_SHARED, END, HIDDEN, PLE)
 
 
 def make_graphs(backend=None, capture_bs=(1, 2, 4, 8), layers=None, declared=None):
@@ -303,10 +304,12 @@ def test_the_planner_captures_where_start_up_decided(monkeypatch, decided):
     # the hook's kv_sharing_fast_prefill_back_half_graphs: captured there only, and planned on
     from sglang.srt.model_executor import kv_sharing_fast_prefill_planner as kp
 
-    features = types.SimpleNamespace(kv_sharing_fast_prefill_back_half_graphs=decided)
+    features = types.SimpleNamespace(kv_sharing_fast_prefill_min_tokens=0,
+                                     kv_sharing_fast_prefill_back_half_graphs=decided)
     monkeypatch.setattr(kp, "get_exec", lambda: types.SimpleNamespace(features=features))
     attn, made = _start_up(monkeypatch)
     p = planner(attn, back_half=back_half())
+    p.settings = kp.FastPrefillSettings.resolved()  # as for_model_runner reads them, once
     p.capture_graphs(_model_runner([1, 2, 4]))
     assert (p.graphs is not None) == decided and made == ([(4, 4)] if decided else [])
     plan = p.plan(make_batch([5, 3]))

@@ -31,7 +31,7 @@ def _check():
         extend_batch_of,
     )
 
-    from sglang.srt.layers import kv_sharing_fast_prefill as yoco
+    from sglang.srt.model_executor import kv_sharing_fast_prefill_plan as yoco
 
     row_invariant_dot()
 

@@ -67,3 +67,61 @@ def test_the_checks_see_a_circle_and_an_arrow(tmp_path):
     graph = import_graph(tmp_path)
     assert graph["sglang.srt.model_executor.a"] == ["sglang.srt.arg_groups.b"]
     assert cycles(graph)
+
+
+def _installed_sglang():
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")  # locates the package, runs none of it
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def _imports(path: Path) -> set:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):  # TYPE_CHECKING and lazy ones too
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return names
+
+
+def through_upstream(site: Path, fork_modules: set) -> dict:
+    """{fork module: the fork modules it depends on}: those it imports, and those that
+    the upstream modules it imports import (as the series leaves them: model_runner
+    imports the planner), which it reaches through them."""
+    def module_path(name):
+        p = site.joinpath(*name.split("."))
+        return next((q for q in (p.with_suffix(".py"), p / "__init__.py") if q.is_file()), None)
+
+    graph = {}
+    for mod in fork_modules:
+        path = module_path(mod)
+        if path is None:
+            continue
+        deps = set()
+        for name in _imports(path):
+            if name in fork_modules:
+                deps.add(name)
+            elif name.startswith("sglang.") and module_path(name) is not None:
+                deps |= _imports(module_path(name)) & fork_modules
+        graph[mod] = sorted(deps - {mod})
+    return graph
+
+
+# The chain verify's index builders take triton_backend's own update_sliding_window_buffer
+# (imported where called), and triton_backend builds the chain verify: known, not yet
+# handed in by the backend.
+KNOWN = {frozenset({"sglang.srt.layers.attention.triton_chain_verify",
+                    "sglang.srt.layers.attention.triton_chain_verify_release"})}
+
+
+def test_no_circle_through_the_upstream_files_the_patches_change():
+    site = _installed_sglang()
+    fork_modules = set()
+    for tree in trees():
+        fork_modules |= set(import_graph(tree))
+    graph = through_upstream(site, fork_modules)
+    assert "sglang.srt.model_executor.kv_sharing_fast_prefill_planner" in graph  # installed
+    found = {frozenset(c) for c in cycles(graph)}
+    assert found <= KNOWN, sorted(map(sorted, found - KNOWN))

@@ -17,8 +17,8 @@ if os.environ.get("SGLANG_TEST_YOCO_LENGTHS_LOG"):
     _after = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_after)
 
-    def _log_length_reads(kv_sharing_fast_prefill):
-        _finishing_requests = kv_sharing_fast_prefill._finishing_requests
+    def _log_length_reads(kv_sharing_fast_prefill_plan):
+        _finishing_requests = kv_sharing_fast_prefill_plan._finishing_requests
 
         def _logged_finishing_requests(forward_batch, seq_cpu):
             host = forward_batch.orig_seq_lens_cpu
@@ -27,6 +27,6 @@ if os.environ.get("SGLANG_TEST_YOCO_LENGTHS_LOG"):
                 f.write("host\n" if on_host else "device\n")
             return _finishing_requests(forward_batch, seq_cpu)
 
-        kv_sharing_fast_prefill._finishing_requests = _logged_finishing_requests
+        kv_sharing_fast_prefill_plan._finishing_requests = _logged_finishing_requests
 
-    _after.after_import("sglang.srt.layers.kv_sharing_fast_prefill", _log_length_reads)
+    _after.after_import("sglang.srt.model_executor.kv_sharing_fast_prefill_plan", _log_length_reads)

@@ -18,12 +18,13 @@ releases' server-argument resolution.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from sglang.srt.arg_groups import kv_sharing_fast_prefill_settings as settings
 
-if TYPE_CHECKING:
-    from sglang.srt.server_args import ServerArgs
+# The server arguments being resolved (sglang.srt.server_args.ServerArgs), by
+# name only: their resolution imports this hook.
+ServerArgs = Any
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,11 @@ Called from ``ServerArgs.__post_init__`` after ``handle_speculative_decoding``
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from sglang.srt.server_args import ServerArgs
+# The server arguments being resolved (sglang.srt.server_args.ServerArgs), by
+# name only: their resolution imports this hook.
+ServerArgs = Any
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The model runner's part of --kv-sharing-fast-prefill (YOCO).
 
-The model declares its KV-shared back half (``layers/kv_sharing_fast_prefill.py``);
-everything else is resolved here, once, at start-up: the back half's attention
+The model declares its KV-shared back half (``layers/kv_sharing_fast_prefill.py``),
+a pass runs it by a plan (``kv_sharing_fast_prefill_plan.py``); everything else is
+resolved here, once, at start-up: the back half's attention
 context, its CUDA graphs, the min-tokens threshold. Each forward pass is then
 planned before the model runs, and the plan published on the pass's
 ``ForwardBatch.fast_prefill``, where the model's one call at the split finds it.
@@ -16,20 +17,23 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Dict, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
 
 from sglang.srt.layers.kv_sharing_fast_prefill import (
+    KVSharedBackHalf,
+    find_kv_shared_back_half,
+)
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.kv_sharing_fast_prefill_plan import (
     SKIP_REASONS,
     BackHalfAttention,
     EagerBackHalfPlan,
     FastPrefillPlan,
     FrontOnlyPlan,
-    KVSharedBackHalf,
     back_half_rows,
     fast_prefill_skip_reason,
-    find_kv_shared_back_half,
 )
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.runner.kv_shared_back_half_graph_runner import (
     KVSharedBackHalfGraphRunner,
 )
@@ -40,8 +44,8 @@ from sglang.srt.runtime_context import (
     get_serving,
 )
 
-if TYPE_CHECKING:
-    from sglang.srt.model_executor.model_runner import ModelRunner
+# The model runner, by its role: it imports this module.
+ModelRunner = Any
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +71,23 @@ def _prometheus_counter():
     return _PROMETHEUS_COUNTER
 
 
+@dataclass(frozen=True)
+class FastPrefillSettings:
+    """--kv-sharing-fast-prefill as start-up resolved it (kv_sharing_fast_prefill_hook,
+    once, into the flag's own fields), read once by the planner."""
+
+    min_tokens: int  # passes of fewer new tokens run in full
+    back_half_graphs: bool = False  # the back half replays CUDA graphs, else eager
+
+    @classmethod
+    def resolved(cls) -> FastPrefillSettings:
+        features = get_exec().features
+        return cls(
+            features.kv_sharing_fast_prefill_min_tokens,
+            features.kv_sharing_fast_prefill_back_half_graphs,
+        )
+
+
 class KVSharingFastPrefillPlanner:
     """Plans each forward pass of a model that declares a KV-shared back half."""
 
@@ -75,14 +96,14 @@ class KVSharingFastPrefillPlanner:
         model: object,
         back_half: KVSharedBackHalf,
         attention: BackHalfAttention,
-        min_tokens: int,
+        settings: FastPrefillSettings,
         pp_size: int = 1,
         metrics_model_name: Optional[str] = None,
     ):
         self.model = model  # the module that declared the back half
         self.back_half = back_half
         self.attention = attention
-        self.min_tokens = min_tokens
+        self.settings = settings
         self.pp_size = pp_size
         self.graphs = None  # the back half's CUDA graphs, where captured
         self.passes: Counter = Counter()
@@ -109,8 +130,7 @@ class KVSharingFastPrefillPlanner:
             model,
             back_half,
             BackHalfAttention.for_model_runner(model_runner),
-            # Resolved at start-up (kv_sharing_fast_prefill_hook).
-            features.kv_sharing_fast_prefill_min_tokens,
+            FastPrefillSettings.resolved(),
             parallel.pp_size,
             get_serving().served_model_name if count_metrics else None,
         )
@@ -118,7 +138,7 @@ class KVSharingFastPrefillPlanner:
     def capture_graphs(self, model_runner: ModelRunner) -> None:
         """Capture the back half in CUDA graphs where start-up decided so (the
         decision that also resolved the min-tokens)."""
-        if get_exec().features.kv_sharing_fast_prefill_back_half_graphs:
+        if self.settings.back_half_graphs:
             self.graphs = KVSharedBackHalfGraphRunner.capture_for(
                 model_runner, self.back_half, self.attention
             )
@@ -131,7 +151,7 @@ class KVSharingFastPrefillPlanner:
             self.back_half.first_layer,
             getattr(self.model, "layers_to_capture", ()),
             self.pp_size,
-            self.min_tokens,
+            self.settings.min_tokens,
         )
         if reason is not None:
             if forward_batch.forward_mode in _PREFILL_MODES:

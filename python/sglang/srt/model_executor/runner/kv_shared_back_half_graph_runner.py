@@ -8,7 +8,7 @@ too short to hide them. So, as decode does, the back half is captured once per
 batch size at start-up and replayed.
 
 A graph runs the step the eager back half runs
-(``kv_sharing_fast_prefill.make_back_half_batch``): one query per request over
+(``kv_sharing_fast_prefill_plan.make_back_half_batch``): one query per request over
 its whole cached sequence, no KV write, in the same attention context
 (``BackHalfAttention``: the back half's own backend), here with that backend's
 CUDA-graph buffers, so neither the pass's metadata nor the decode graphs'
@@ -30,25 +30,27 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
-from sglang.srt.layers.kv_sharing_fast_prefill import (
+from sglang.srt.layers.kv_sharing_fast_prefill import KVSharedBackHalf
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.kv_sharing_fast_prefill_plan import (
     BackHalfAttention,
     BackHalfRows,
     FastPrefillPlan,
-    KVSharedBackHalf,
 )
-from sglang.srt.layers.kv_sharing_fast_prefill_rows import bind_back_half_batch
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.kv_sharing_fast_prefill_release import (
+    bind_back_half_batch,
+)
 from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
     BaseCudaGraphRunner,
     freeze_gc,
     get_batch_sizes_to_capture,
 )
 
-if TYPE_CHECKING:
-    from sglang.srt.model_executor.model_runner import ModelRunner
+# The model runner, by its role: it imports the planner, which imports this.
+ModelRunner = Any
 
 logger = logging.getLogger(__name__)
 
