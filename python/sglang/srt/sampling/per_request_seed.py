@@ -260,14 +260,3 @@ def sample_seeded_rows(
         0, rows, tokens.to(batch_next_token_ids.dtype)
     )
 
-
-def selected_weights(
-    weights: torch.Tensor, token_ids: Optional[torch.Tensor], tokens: torch.Tensor
-) -> torch.Tensor:
-    """The weight of each row's token in `weights` (vocabulary order, or the
-    order of `token_ids` where given)."""
-    tokens = tokens.long().view(-1, 1)
-    if token_ids is None:
-        return torch.gather(weights, 1, tokens).squeeze(1)
-    hit = token_ids.long() == tokens
-    return torch.where(hit, weights, torch.zeros_like(weights)).sum(dim=-1)
