@@ -11,8 +11,9 @@ with `tl.multiple_of` (called once per loop iteration) recording the key tile ea
 program visits. 0.5.23 already starts the extend loop there and bounds the causal
 unified loop (upstream); its prefix loop still starts at key 0.
 
-The reference for the equality is the installed module with those loops from key 0
-(what stock runs), built from its own source; fp32, so a changed summation shows.
+The reference for the equality is the installed module with every sliding-window loop
+from key 0 again (0.5.17's stock; on 0.5.23 also the two loops upstream bounds), built
+from its own source; fp32, so a changed summation shows.
 """
 
 import functools
