@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import sys
 import tempfile
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from .core import TEST_DIRS, Fork, ForkError, git, prepare_dest
 from .marks import _stack_mark, collect_marked_tests, tests_of_base
+from .names import _Modules, check_step_names
 from .series import Step, read_series, stacks_of
 from .tree import apply_step, create_base, step_contents, verify_modules
 
@@ -28,29 +30,78 @@ def _is_stack_mark(node) -> bool:
     return _stack_mark([node]) is not None
 
 
+# Top-level functions a test file defines for pytest itself: kept with any test.
+PYTEST_HOOKS = ("setup_module", "teardown_module", "setup_function", "teardown_function")
+
+
+def _defined(node) -> set[str]:
+    """The names a top-level helper binds (a def, class or assignment), else empty: a
+    statement of any other kind stays with every test."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        auto = any("autouse" in ast.unparse(d) for d in node.decorator_list)
+        if auto or node.name.startswith("pytest_") or node.name in PYTEST_HOOKS:
+            return set()
+        return {node.name}
+    targets = (node.targets if isinstance(node, ast.Assign) else
+               [node.target] if isinstance(node, ast.AnnAssign) else [])
+    names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if not targets or not all(isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Store,
+                                             ast.Starred))
+                              for t in targets for n in ast.walk(t)):
+        return set()
+    return set() if names & {"pytestmark", "__all__"} else names
+
+
+def _referenced(node) -> set[str]:
+    """Every name ``node`` may reach a helper by: names it reads, parameters (pytest
+    fixtures are requested by name) and strings that are names (usefixtures,
+    getfixturevalue)."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) \
+                and n.value.isidentifier():
+            out.add(n.value)
+    return out
+
+
+def _span(lines: list[str], body: list, i: int) -> range:
+    """0-based lines of top-level statement body[i]: its decorators and its own comment
+    right above it, up to the next statement's decorators, comments and the blank lines
+    before them."""
+    node = body[i]
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    while start > 1 and lines[start - 2].lstrip().startswith("#"):
+        start -= 1
+    stop = len(lines)
+    if i + 1 < len(body):
+        nxt = body[i + 1]
+        stop = min([nxt.lineno] + [d.lineno for d in getattr(nxt, "decorator_list", [])]) - 1
+        while stop > node.end_lineno and lines[stop - 1].lstrip().startswith("#"):
+            stop -= 1
+        while stop > node.end_lineno and lines[stop - 1].strip():
+            stop -= 1
+    return range(start - 1, max(stop, node.end_lineno))
+
+
 def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
     """A test file as an exported series carries it: its top-level tests in ``carried``
-    (the others removed, with their decorators) and no pytest.mark.stack, which only
-    this fork's per-step check reads."""
+    (the others removed, with their decorators), the helpers (top-level functions,
+    classes and assignments) those tests reach, and no pytest.mark.stack, which only
+    this fork's per-step check reads. A helper enters with the first test that uses it:
+    one a later step's (or another release's) test uses may name what only that step
+    (release) has. An import only the removed code used goes with it."""
     mod = ast.parse(src, rel)
     lines = src.splitlines(keepends=True)
     drop: set[int] = set()  # 0-based line numbers
     body = mod.body
+    removed: set[int] = set()  # indexes into body
     for i, node in enumerate(body):
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         if _is_test_node(node) and node.name not in carried:
-            while start > 1 and lines[start - 2].lstrip().startswith("#"):
-                start -= 1  # its own comment, right above it
-            stop = body[i + 1].lineno - 1 if i + 1 < len(body) else len(lines)
-            if i + 1 < len(body):  # up to the next statement's decorators or comments
-                nxt = body[i + 1]
-                stop = min([nxt.lineno] + [d.lineno for d in
-                                           getattr(nxt, "decorator_list", [])]) - 1
-                while stop > node.end_lineno and lines[stop - 1].lstrip().startswith("#"):
-                    stop -= 1
-                while stop > node.end_lineno and lines[stop - 1].strip():
-                    stop -= 1
-            drop.update(range(start - 1, max(stop, node.end_lineno)))
+            removed.add(i)
         elif _is_test_node(node):
             for d in node.decorator_list:
                 if _is_stack_mark(d):
@@ -64,8 +115,39 @@ def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
             drop.update(range(node.lineno - 1, node.end_lineno))
             if node.end_lineno < len(lines) and not lines[node.end_lineno].strip():
                 drop.add(node.end_lineno)
-    kept = "".join(l for n, l in enumerate(lines) if n not in drop)
-    return kept.rstrip("\n") + "\n" if kept.strip() else kept
+    # Helpers: kept where a kept statement (a carried test, any statement that is not a
+    # helper) reaches them, transitively.
+    helpers = {i: _defined(n) for i, n in enumerate(body)
+               if not _is_test_node(n) and not isinstance(n, (ast.Import, ast.ImportFrom))
+               and _defined(n)}
+    by_name: dict[str, list[int]] = {}
+    for i, names in helpers.items():
+        for name in names:
+            by_name.setdefault(name, []).append(i)
+    imports = [i for i, n in enumerate(body) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    kept = {i for i in range(len(body)) if i not in removed and i not in helpers
+            and i not in imports}
+    todo = list(kept)
+    while todo:
+        for name in _referenced(body[todo.pop()]):
+            for j in by_name.get(name, ()):
+                if j not in kept:
+                    kept.add(j)
+                    todo.append(j)
+    removed |= set(helpers) - kept
+    # An import whose every name the removed code used, and the kept code does not.
+    used = set().union(*(_referenced(body[i]) for i in kept)) if kept else set()
+    gone = set().union(*(_referenced(body[i]) for i in removed)) if removed else set()
+    for i in imports:
+        bound = {(a.asname or a.name).split(".")[0] for a in body[i].names}
+        if "*" not in bound and bound <= gone and not bound & used:
+            removed.add(i)
+    for i in removed:
+        drop.update(_span(lines, body, i))
+    kept_src = "".join(l for n, l in enumerate(lines) if n not in drop)
+    # no run of more than two blank lines where statements were taken out between others
+    kept_src = re.sub(r"\n{4,}", "\n\n\n", kept_src)
+    return kept_src.rstrip("\n") + "\n" if kept_src.strip() else kept_src
 
 
 def _files_under(d: Path) -> list[Path]:
@@ -190,6 +272,7 @@ def export(fork: Fork, outdir: Path, force: bool = False) -> list[str]:
         create_base(fork, tree)
         before: dict[str, bytes] = {}
         contents = step_contents(fork, steps)
+        modules = _Modules(tree)
         for s, files in zip(steps, carried):
             apply_step(tree, s, contents.get(s.name))
             changed = sorted(r for r, data in files.items() if before.get(r) != data)
@@ -199,6 +282,7 @@ def export(fork: Fork, outdir: Path, force: bool = False) -> list[str]:
             if changed:
                 git(tree, "add", "--", *changed)
                 git(tree, "commit", "-q", "--amend", "--no-edit", "--allow-empty")
+            check_step_names(tree, files, s.line, modules)
             before = files
             mails.append(git(tree, "format-patch", "-1", "--stdout", "--zero-commit",
                              "--no-signature", "HEAD").stdout)
