@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import operator
 import re
 import shutil
 import sys
@@ -150,21 +151,103 @@ def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
     return kept_src.rstrip("\n") + "\n" if kept_src.strip() else kept_src
 
 
+# Test code that differs between releases is written `if RELEASE >= (0, 5, 23):` (an if
+# statement or a conditional expression), RELEASE from test/srt/release.py: an export
+# keeps only its release's branch, so a reviewer of one release reads its code only.
+RELEASE = "RELEASE"
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
+            ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+
+
+def _release_guard(test, version: tuple) -> bool | None:
+    """The value of a test on RELEASE (``RELEASE >= (0, 5, 23)``, or ``not`` it) on
+    ``version``; None for any other test."""
+    negated = False
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, negated = test.operand, not negated
+    if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == RELEASE and len(test.ops) == 1
+            and type(test.ops[0]) in _COMPARE):
+        return None
+    other = tuple(ast.literal_eval(test.comparators[0]))
+    return _COMPARE[type(test.ops[0])](version, other) != negated
+
+
+def _offset(lines: list[str], lineno: int, col: int) -> int:
+    """Character offset of an ast position (col is in UTF-8 bytes)."""
+    return sum(map(len, lines[:lineno - 1])) + len(lines[lineno - 1].encode()[:col].decode())
+
+
+def _choose(src: str, rel: str, tree, node, value: bool) -> str:
+    """``src`` with release test ``node`` replaced by the branch ``value`` picks."""
+    lines = src.splitlines(keepends=True)
+    if isinstance(node, ast.IfExp):
+        branch = node.body if value else node.orelse
+        start = _offset(lines, node.lineno, node.col_offset)
+        end = _offset(lines, node.end_lineno, node.end_col_offset)
+        return src[:start] + ast.get_source_segment(src, branch) + src[end:]
+    where = f"{rel}:{node.lineno}"
+    if node.body[0].lineno == node.lineno:
+        raise ForkError(f"{where}: a release test's branch starts on a line of its own")
+    first, last = node.lineno + 1, node.end_lineno  # 1-based, the body and any else
+    if node.orelse:
+        if lines[node.orelse[0].lineno - 1].lstrip().startswith("elif"):
+            raise ForkError(f"{where}: a release test takes no elif (nest an if in the else)")
+        else_at = next(n for n in range(node.body[-1].end_lineno + 1, node.orelse[0].lineno)
+                       if lines[n - 1].lstrip().startswith("else"))
+        block = (first, else_at - 1) if value else (else_at + 1, last)
+    else:
+        block = (first, last) if value else (first, first - 1)
+    indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
+    chosen = node.body if value else node.orelse
+    kept = lines[block[0] - 1:block[1]]
+    if chosen:
+        inner = lines[chosen[0].lineno - 1]
+        cut = len(inner) - len(inner.lstrip()) - indent
+        kept = [l[min(cut, len(l) - len(l.lstrip(" "))):] if l.strip() else l for l in kept]
+    else:  # the block the test stood alone in would be empty
+        alone = any(getattr(p, f, None) == [node] for p in ast.walk(tree)
+                    for f in ("body", "orelse", "finalbody"))
+        kept = [" " * indent + "pass\n"] if alone else []
+    return "".join(lines[:node.lineno - 1] + kept + lines[node.end_lineno:])
+
+
+def release_source(src: str, rel: str, version: tuple) -> str:
+    """``src`` as release ``version``'s export carries it: each release test resolved to
+    its branch, and RELEASE's import gone where nothing reads it any more."""
+    while True:
+        tree = ast.parse(src, rel)
+        found = next(((n, v) for n in ast.walk(tree) if isinstance(n, (ast.If, ast.IfExp))
+                      and (v := _release_guard(n.test, version)) is not None), None)
+        if found is None:
+            break
+        src = _choose(src, rel, tree, *found)
+    if any(isinstance(n, ast.Name) and n.id == RELEASE for n in ast.walk(tree)):
+        return src
+    lines = src.splitlines(keepends=True)
+    for node in tree.body:  # its import, where nothing reads it
+        if isinstance(node, ast.ImportFrom) and [a.name for a in node.names] == [RELEASE]:
+            for n in range(node.lineno - 1, node.end_lineno):
+                lines[n] = ""
+    return re.sub(r"\n{4,}", "\n\n\n", "".join(lines))
+
+
 def _files_under(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts
                   and p.suffix != ".pyc")
 
 
-def test_file_deps(fork: Fork, rel: str) -> set[str]:
+def test_file_deps(fork: Fork, rel: str, src: str | None = None) -> set[str]:
     """The repository files that test file or helper ``rel`` needs next to it: the modules
     it imports from its test folder (or from a folder it puts on sys.path), the files and
-    folders it names by os.path.join from its own folder, and the folder's conftest.py."""
+    folders it names by os.path.join from its own folder, and the folder's conftest.py.
+    ``src``: its source as exported (else the file's)."""
     root = fork.root.resolve()
     path = root / rel
     test_dir = next((root / d for d in TEST_DIRS if rel.startswith(d + "/")), path.parent)
     deps: set[Path] = set()
     import_dirs = [path.parent, test_dir]
-    tree = ast.parse(path.read_text(), rel)
+    tree = ast.parse(path.read_text() if src is None else src, rel)
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("path.join")):
             continue
@@ -214,39 +297,43 @@ def exported_tests(fork: Fork, steps: list[Step]) -> list[dict[str, bytes]]:
     for t in kept:
         rel, name = t.nodeid.split("::", 1)
         at.setdefault(rel, {})[name] = index[t.step] if t.step else last[t.stack]
-    deps_of: dict[str, set[str]] = {}
+    version = tuple(int(p) for p in fork.pin["version"].split(".")[:3])
+    released: dict[str, str] = {}  # file -> its source with this release's branches only
+    deps_of: dict[tuple[str, str], set[str]] = {}
 
-    def closure(rels):
-        seen, todo = set(), list(rels)
-        while todo:
-            r = todo.pop()
-            if r in seen:
-                continue
-            seen.add(r)
-            if r.endswith(".py"):
-                if r not in deps_of:
-                    deps_of[r] = test_file_deps(fork, r)
-                todo += deps_of[r]
-        return seen
+    def content(rel: str, i: int) -> bytes:
+        """File ``rel`` as the export has it after step i."""
+        data = (fork.root / rel).read_bytes()
+        if not rel.endswith(".py"):
+            return data
+        if rel not in released:
+            released[rel] = release_source(data.decode(), rel, version)
+        src, name = released[rel], rel.rsplit("/", 1)[-1]
+        if name.startswith("test_") and any(rel.startswith(d + "/") for d in TEST_DIRS):
+            carried = {n for n, j in at.get(rel, {}).items() if j <= i}
+            src = exported_test_source(src, rel, carried)
+        elif name == "conftest.py":
+            cut = src.find(EXPORT_CUT)
+            if cut >= 0:
+                src = src[:src.rfind("\n", 0, cut) + 1].rstrip("\n") + "\n"
+        return src.encode()
 
     out: list[dict[str, bytes]] = []
     for i in range(len(steps)):
-        present = {rel for rel, names in at.items() if min(names.values()) <= i}
+        # what the files need, as exported: a helper only removed code used is not carried
         files: dict[str, bytes] = {}
-        for rel in sorted(closure(present)):
-            src = (fork.root / rel).read_bytes()
-            name = rel.rsplit("/", 1)[-1]
-            if name.startswith("test_") and name.endswith(".py") and any(
-                    rel.startswith(d + "/") for d in TEST_DIRS):
-                carried = {n for n, j in at.get(rel, {}).items() if j <= i}
-                src = exported_test_source(src.decode(), rel, carried).encode()
-            elif name == "conftest.py":
-                text = src.decode()
-                cut = text.find(EXPORT_CUT)
-                if cut >= 0:
-                    src = text[:text.rfind("\n", 0, cut) + 1].rstrip("\n").encode() + b"\n"
-            files[rel] = src
-        out.append(files)
+        todo = sorted(rel for rel, names in at.items() if min(names.values()) <= i)
+        while todo:
+            rel = todo.pop()
+            if rel in files:
+                continue
+            files[rel] = content(rel, i)
+            if rel.endswith(".py"):
+                key = (rel, files[rel].decode())
+                if key not in deps_of:
+                    deps_of[key] = test_file_deps(fork, rel, key[1])
+                todo += sorted(deps_of[key])
+        out.append(dict(sorted(files.items())))
     return out
 
 

@@ -185,5 +185,5 @@ def check_step_names(tree: Path, files: dict[str, bytes], step: str,
             f"step {step}: its exported tests name what its tree does not have (a later "
             "step's or another release's code):\n  " + "\n  ".join(problems) + "\n"
             "a helper enters with the first test that uses it: mark the test that needs "
-            "it for the step that adds the name, or move code of one release only into "
-            "a test marked bases=(...) or into bases/VERSION/test/srt/")
+            "it for the step that adds the name; code of one release goes under `if "
+            "RELEASE >= (0, 5, 23):` (test/srt/release.py) or in a test marked bases=(...)")
