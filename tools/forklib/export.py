@@ -53,12 +53,16 @@ def _defined(node) -> set[str]:
     return set() if names & {"pytestmark", "__all__"} else names
 
 
-def _referenced(node) -> set[str]:
+def _referenced(node, skip=lambda n: False) -> set[str]:
     """Every name ``node`` may reach a helper by: names it reads, parameters (pytest
     fixtures are requested by name) and strings that are names (usefixtures,
-    getfixturevalue)."""
-    out = set()
-    for n in ast.walk(node):
+    getfixturevalue); not inside the nodes ``skip`` picks."""
+    out, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if skip(n):
+            continue
+        todo += ast.iter_child_nodes(n)
         if isinstance(n, ast.Name):
             out.add(n.id)
         elif isinstance(n, ast.arg):
@@ -100,6 +104,7 @@ def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
     drop: set[int] = set()  # 0-based line numbers
     body = mod.body
     removed: set[int] = set()  # indexes into body
+    marks: set[int] = set()  # pytestmark = pytest.mark.stack(...), left out
     for i, node in enumerate(body):
         if _is_test_node(node) and node.name not in carried:
             removed.add(i)
@@ -116,6 +121,7 @@ def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
             drop.update(range(node.lineno - 1, node.end_lineno))
             if node.end_lineno < len(lines) and not lines[node.end_lineno].strip():
                 drop.add(node.end_lineno)
+            marks.add(i)
     # Helpers: kept where a kept statement (a carried test, any statement that is not a
     # helper) reaches them, transitively.
     helpers = {i: _defined(n) for i, n in enumerate(body)
@@ -127,7 +133,7 @@ def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
             by_name.setdefault(name, []).append(i)
     imports = [i for i, n in enumerate(body) if isinstance(n, (ast.Import, ast.ImportFrom))]
     kept = {i for i in range(len(body)) if i not in removed and i not in helpers
-            and i not in imports}
+            and i not in imports and i not in marks}
     todo = list(kept)
     while todo:
         for name in _referenced(body[todo.pop()]):
@@ -137,8 +143,11 @@ def exported_test_source(src: str, rel: str, carried: set[str]) -> str:
                     todo.append(j)
     removed |= set(helpers) - kept
     # An import whose every name the removed code used, and the kept code does not.
-    used = set().union(*(_referenced(body[i]) for i in kept)) if kept else set()
-    gone = set().union(*(_referenced(body[i]) for i in removed)) if removed else set()
+    # (a kept test's stack marks go: `import pytest` may have been for them only)
+    used = set().union(*(_referenced(body[i], _is_stack_mark) for i in kept))
+    gone = set().union(*(_referenced(body[i]) for i in removed | marks),
+                       *(_referenced(d) for i in kept for d in
+                         getattr(body[i], "decorator_list", ()) if _is_stack_mark(d)))
     for i in imports:
         bound = {(a.asname or a.name).split(".")[0] for a in body[i].names}
         if "*" not in bound and bound <= gone and not bound & used:
