@@ -89,7 +89,9 @@ from forklib.cli import main  # noqa: E402
 from forklib.compare import compare_exports, exported_trees  # noqa: E402,F401
 from forklib.core import (BASE_TAG, FALLBACK_KEY, ROOT, TEST_DIRS, Fork, ForkError,  # noqa: E402,F401
                           fetch_wheel, git, interpreter_key, pick_key, sha256_file)
-from forklib.export import EXPORT_CUT, export, exported_test_source, exported_tests, test_file_deps  # noqa: E402,F401
+from forklib.export import (EXPORT_CUT, export, exported_test_source, exported_tests,  # noqa: E402,F401
+                            release_source, test_file_deps)
+from forklib.names import step_name_problems  # noqa: E402,F401
 from forklib.marks import (MarkedTest, collect_marked_tests, known_bases, left_out_why,  # noqa: E402,F401
                            not_yet_ported, tests_of_base, validate_marks)
 from forklib.probes import _Interpreter, _tree_env, preload_names, python_modules  # noqa: E402,F401

@@ -183,7 +183,7 @@ def check_step_names(tree: Path, files: dict[str, bytes], step: str,
     if problems:
         raise ForkError(
             f"step {step}: its exported tests name what its tree does not have (a later "
-            "step's or another release's code):\n  " + "\n  ".join(problems) + "\n"
+            "step's or another release's code; lines of the files as it exports them):\n  " + "\n  ".join(problems) + "\n"
             "a helper enters with the first test that uses it: mark the test that needs "
             "it for the step that adds the name; code of one release goes under `if "
             "RELEASE >= (0, 5, 23):` (test/srt/release.py) or in a test marked bases=(...)")
