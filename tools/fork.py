@@ -64,6 +64,10 @@ a test that passes before its feature exists tests nothing.  `suite_only` marks 
 of the whole fork (minutes of mixed load): no step's check runs it, the suite does, and
 its stack says on which bases it runs.  Every test file of
 test/srt carries a marker, so no product test goes unowned.
+An exported test file has the helpers its carried tests reach (a helper enters with the
+first test that uses it), and of code written for one release only, `if RELEASE >=
+(0, 5, 23):` (test/srt/release.py), the branch of the release exported; export and
+`check --each` resolve every sglang name those files import in the step's tree.
 
 Authoring: a change inside a new module is an edit of its file under python/ (it lands in
 the step that adds the module, unless it falls in a later step's change to it). Anything
