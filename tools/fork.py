@@ -64,6 +64,10 @@ a test that passes before its feature exists tests nothing.  `suite_only` marks 
 of the whole fork (minutes of mixed load): no step's check runs it, the suite does, and
 its stack says on which bases it runs.  Every test file of
 test/srt carries a marker, so no product test goes unowned.
+An exported test file has the helpers its carried tests reach (a helper enters with the
+first test that uses it), and of code written for one release only, `if RELEASE >=
+(0, 5, 23):` (test/srt/release.py), the branch of the release exported; export and
+`check --each` resolve every sglang name those files import in the step's tree.
 
 Authoring: a change inside a new module is an edit of its file under python/ (it lands in
 the step that adds the module, unless it falls in a later step's change to it). Anything
@@ -89,7 +93,9 @@ from forklib.cli import main  # noqa: E402
 from forklib.compare import compare_exports, exported_trees  # noqa: E402,F401
 from forklib.core import (BASE_TAG, FALLBACK_KEY, ROOT, TEST_DIRS, Fork, ForkError,  # noqa: E402,F401
                           fetch_wheel, git, interpreter_key, pick_key, sha256_file)
-from forklib.export import EXPORT_CUT, export, exported_test_source, exported_tests, test_file_deps  # noqa: E402,F401
+from forklib.export import (EXPORT_CUT, export, exported_test_source, exported_tests,  # noqa: E402,F401
+                            release_source, test_file_deps)
+from forklib.names import step_name_problems  # noqa: E402,F401
 from forklib.marks import (MarkedTest, collect_marked_tests, known_bases, left_out_why,  # noqa: E402,F401
                            not_yet_ported, tests_of_base, validate_marks)
 from forklib.probes import _Interpreter, _tree_env, preload_names, python_modules  # noqa: E402,F401

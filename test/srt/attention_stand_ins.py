@@ -1,27 +1,23 @@
 """Stand-ins for CPU tests of attention metadata: a real ForwardBatch of a prefill,
 triton / trtllm_mha / torch_native backends with just the state init_forward_metadata
 reads (Triton index kernels replaced by torch), and deep snapshots to assert nothing
-was written. Both bases (HAS_KV_LOC_PLAN): on 0.5.23 backends carry a real,
-non-translating KVIndexTranslator and batches get a KVLocPlan bound from it (bind_plan).
+was written. From 0.5.23 backends carry a real, non-translating KVIndexTranslator and
+batches get a KVLocPlan bound from it (bind_plan).
 """
 
 import copy
 import dataclasses
-import importlib.util
 import types
 
 import pytest
 import torch
+from release import RELEASE
 
 from sglang.srt.layers.attention import triton_backend, trtllm_mha_backend
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
-# Only the module's presence is probed: where it is, a failing import below is an
-# error, not a sign of the other release.
-HAS_KV_LOC_PLAN = importlib.util.find_spec("sglang.srt.mem_cache.kv_index_translator") is not None
-
-if HAS_KV_LOC_PLAN:
+if RELEASE >= (0, 5, 23):
     from sglang.kernels.ops.attention import extend_attention, trtllm_mha_page_table
     from sglang.srt.mem_cache import kv_index_translator
     from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
@@ -31,12 +27,13 @@ else:
 
 
 def bind_plan(be, fb, runner_slots=False):
-    """Give ``fb`` a KVLocPlan of its own from ``be``'s translator (0.5.23; a no-op on
-    0.5.17): as ForwardBatch.init_new binds a pass, or (``runner_slots``) as a runner
+    """Give ``fb`` a KVLocPlan of its own from ``be``'s translator (where the release
+    has one): as ForwardBatch.init_new binds a pass, or (``runner_slots``) as a runner
     binds a batch it builds itself, such as the back half. Returns ``fb``."""
-    if HAS_KV_LOC_PLAN and be is not None:
-        t = be.kv_index_translator
-        (t.bind_runner_slots if runner_slots else t.bind_own_plan)(fb)
+    if RELEASE >= (0, 5, 23):
+        if be is not None:
+            t = be.kv_index_translator
+            (t.bind_runner_slots if runner_slots else t.bind_own_plan)(fb)
     return fb
 
 
@@ -77,7 +74,7 @@ class FakeSWAPool:
         return self.full_to_swa_index_mapping[loc]
 
 
-if HAS_KV_LOC_PLAN:
+if RELEASE >= (0, 5, 23):
     # A virtual subclass: the translator gives a BaseSWAKVPool a sliding-window id space.
     BaseSWAKVPool.register(FakeSWAPool)
 
@@ -85,7 +82,7 @@ if HAS_KV_LOC_PLAN:
 def attach_translator(be, page_size=1):
     """0.5.23: what a ModelRunner hands a real backend, a KVIndexTranslator over its
     req_to_token and pool (non-translating: a static pool)."""
-    if HAS_KV_LOC_PLAN:
+    if RELEASE >= (0, 5, 23):
         be.kv_index_translator = KVIndexTranslator(
             req_to_token=be.req_to_token, token_to_kv_pool_allocator=None,
             token_to_kv_pool=be.token_to_kv_pool, page_size=page_size, device="cpu")
@@ -149,7 +146,7 @@ class _TorchPageTableKernel:
 
 
 # (module, name, torch stand-in) of every Triton kernel the stand-ins' metadata reaches.
-if HAS_KV_LOC_PLAN:
+if RELEASE >= (0, 5, 23):
     _KERNELS = (
         (kv_index_translator, "create_flashinfer_kv_indices_triton", _TorchKernel),
         (extend_attention, "_align_window_kv_kernel", _TorchAlignKernel),
@@ -190,7 +187,7 @@ def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
         device_core_count=1, forward_metadata=None)
     for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
         setattr(be, name, torch.zeros(max_bs + 1, dtype=torch.int32))
-    if HAS_KV_LOC_PLAN:
+    if RELEASE >= (0, 5, 23):
         be.page_size, be.max_context_len, be.num_kv_head = 1, ctx, 1
         be._dense_one_shot_kv_indptr = None  # as __init__ leaves it
         be.lean_total_programs, be.lean_block_m = 2, 16  # decode: Lean decode buffers
@@ -203,7 +200,7 @@ def make_triton_backend(window, max_bs=16, ctx=256, pool=4096):
 def set_deterministic(be):
     """As __init__ under --enable-deterministic-inference (0.5.23: a split tile too)."""
     be.enable_deterministic = True
-    if HAS_KV_LOC_PLAN:
+    if RELEASE >= (0, 5, 23):
         be.static_kv_splits, be.split_tile_size = False, 256
         be.max_kv_splits = -(-be.max_context_len // be.split_tile_size)
     return be
@@ -232,7 +229,7 @@ def deterministic_triton_backend(g, lens, window, k_buf, v_buf, pool_size):
         build_unified_kv_indices=build_unified_kv_indices)
     for name in ("kv_indptr", "qo_indptr", "window_kv_indptr", "mask_indptr"):
         setattr(be, name, torch.zeros(bs + 1, dtype=torch.int32))
-    if HAS_KV_LOC_PLAN:  # what 0.5.23's __init__ adds for the extend path
+    if RELEASE >= (0, 5, 23):  # what 0.5.23's __init__ adds for the extend path
         be.max_context_len, be._dense_one_shot_kv_indptr = max(lens), None
         be.align_window_kv_to_tiles = extend_attention.align_window_kv_to_tiles
         attach_translator(be)
@@ -267,7 +264,7 @@ def make_torch_native_backend(pool=4096):
     be = object.__new__(TorchNativeAttnBackend)
     be.__dict__.update(token_to_kv_pool=FakeSWAPool(pool), use_sliding_window_kv_pool=True,
                        forward_metadata=None, swa_out_cache_loc=None)
-    if HAS_KV_LOC_PLAN:
+    if RELEASE >= (0, 5, 23):
         # a translator for bind_plan, as every runner has one
         be.req_to_token = torch.zeros(17, 256, dtype=torch.int32)
         attach_translator(be)
@@ -379,7 +376,7 @@ def make_trtllm_backend(page_size, max_bs=16, ctx=256, pool=8192):
     be.kv_indptr = [torch.zeros(max_bs + 1, dtype=torch.int32)]
     be.qo_indptr = [torch.zeros(max_bs + 1, dtype=torch.int32)]
     be.kv_last_page_len = torch.ones(max_bs, dtype=torch.int32)
-    if HAS_KV_LOC_PLAN:
+    if RELEASE >= (0, 5, 23):
         be.use_fmha_v2 = False  # the fmha_v2 prefill's page copy: another kernel
         attach_translator(be, page_size)
     be.init_cuda_graph_state(max_bs, max_bs)

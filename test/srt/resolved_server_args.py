@@ -1,23 +1,18 @@
-"""Build ServerArgs and read what resolution decided, on either base.
-
-0.5.17 resolves in ``ServerArgs.__post_init__`` and sets the decided values on
-the record. 0.5.23 resolves in ``resolve_once()``, keeps the record as the
-operator's input and stacks the decisions in a declaration stash that
-``resolution_result`` reads. Tests of server-argument hooks go through these
-helpers so they state the same expectations on both.
+"""Build ServerArgs and read what resolution decided, as the release under test does.
+Tests of server-argument hooks go through these helpers so they state the same
+expectations on every release.
 """
 
 import contextlib
 import copy
 
-from sglang.srt.server_args import ServerArgs
+from release import RELEASE
 
-# The one switch between the two kinds of resolution.
-DECLARES = hasattr(ServerArgs, "resolve_once")
+from sglang.srt.server_args import ServerArgs
 
 
 def resolve(args: ServerArgs) -> ServerArgs:
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         args.resolve_once()
     return args
 
@@ -43,33 +38,36 @@ def model_config(args: ServerArgs):
 
 def resolved(args: ServerArgs, name: str):
     """The value resolution decided for the field ``name``."""
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         from sglang.srt.arg_groups.overrides import resolution_result
 
         return resolution_result(args, name)
-    return getattr(args, name)
+    else:
+        return getattr(args, name)
 
 
 def attention_backends(args: ServerArgs):
     """(prefill, decode) attention backends as resolved."""
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
 
         return attention_backends_of(resolved_view(args))
-    return args._resolved_attention_backends()
+    else:
+        return args._resolved_attention_backends()
 
 
 def model_config(args: ServerArgs):
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         from sglang.srt.arg_groups.overrides import model_config_of
 
         return model_config_of(args)
-    return args.get_model_config()
+    else:
+        return args.get_model_config()
 
 
 def _copy(args: ServerArgs) -> ServerArgs:
     copied = copy.copy(args)
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         # A Struct's copy has the fields only: bring the resolution's bookkeeping
         # (declarations, raw input, the CUDA graph settings the operator pinned).
         copied.__dict__.update(args.__dict__)
@@ -79,7 +77,7 @@ def _copy(args: ServerArgs) -> ServerArgs:
 def with_model_config(args: ServerArgs, config) -> ServerArgs:
     """A copy of resolved ``args`` that reads ``config`` as its model config."""
     copied = _copy(args)
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         copied._model_config = config
         copied._model_config_built_from = None
     else:
@@ -91,16 +89,16 @@ def with_fields(args: ServerArgs, **fields) -> ServerArgs:
     """A copy of resolved ``args`` with ``fields`` decided, to run a hook again on
     settings that ServerArgs on a CPU-only machine rejects before the hooks."""
     copied = _copy(args)
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         copied._resolved_overrides = list(args._resolved_overrides) + [
             ("test", dict(fields))
         ]
-        return copied
-    copied._resolved_overrides = []  # fields are materialized; start a fresh stash
-    object.__setattr__(
-        copied, "cuda_graph_config", copy.deepcopy(args.cuda_graph_config)
-    )
-    copied.override("test", **fields)
+    else:
+        copied._resolved_overrides = []  # fields are materialized; start a fresh stash
+        object.__setattr__(
+            copied, "cuda_graph_config", copy.deepcopy(args.cuda_graph_config)
+        )
+        copied.override("test", **fields)
     return copied
 
 
@@ -111,7 +109,7 @@ def published(args: ServerArgs):
     from sglang.srt.runtime_context import get_context
 
     context = get_context()
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         saved = context.override_server_args()
         saved.install()
         try:

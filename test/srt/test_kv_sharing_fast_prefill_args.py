@@ -13,8 +13,8 @@ import logging
 
 import pytest
 
+from release import RELEASE
 from resolved_server_args import (
-    DECLARES,
     attention_backends,
     build,
     from_cli,
@@ -129,14 +129,13 @@ def reject(fn, *args, **kwargs) -> str:
 
 
 def handle(args):
-    """The hook on a resolved copy, taking its decisions as during resolution
-    (0.5.17 seals the record after it; 0.5.23 declares them)."""
-    if not DECLARES:
+    """The hook on a resolved copy, taking its decisions as during resolution."""
+    if RELEASE < (0, 5, 23):  # the record is sealed after resolution
         object.__setattr__(args, "_in_override", True)
     try:
         hook.handle_kv_sharing_fast_prefill(args)
     finally:
-        if not DECLARES:
+        if RELEASE < (0, 5, 23):
             object.__setattr__(args, "_in_override", False)
     return args
 

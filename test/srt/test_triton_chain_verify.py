@@ -4,11 +4,11 @@ requests below, at and above the sliding window). The split-KV sum rounds differ
 the check is allclose; an off-by-one in the keys moves the output far more (the control).
 """
 
-import importlib.util
 import types
 
 import pytest
 
+from release import RELEASE
 from triton_interpret import print_result, run_as_script
 
 pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-kv-shared-no-gather")
@@ -21,28 +21,26 @@ HEADS, KV_HEADS, HEAD_DIM, POOL, MAX_CTX = 4, 2, 32, 1024, 128
 # under the interpreter each one costs alike, empty or not. 4 still splits the longest
 # requests' keys (asserted below).
 SPLITS = 4
-HAS_KV_LOC_PLAN = importlib.util.find_spec("sglang.srt.mem_cache.kv_index_translator") is not None
 
 
 def release_fields(be, pool, n):
-    """What 0.5.23's __init__ also sets and the verify paths read (n draft tokens a
-    request); nothing on 0.5.17."""
-    if not HAS_KV_LOC_PLAN:
-        return
-    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    """What the release's __init__ also sets and the verify paths read (n draft tokens a
+    request)."""
+    if RELEASE >= (0, 5, 23):
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
-    be.__dict__.update(
-        target_verify_num_tokens_per_req=n, dllm_attention=None, use_dense_fp8_chunked_prefill=False,
-        use_verify_shared_kv=False, _dense_one_shot_kv_indptr=None,
-        # Lean decode on auto, and its gate saying yes: the chain's rows carry no Lean
-        # buffers, so they must keep the standard kernel.
-        enable_lean_attention=None, _lean_decode_seqlen_gate=lambda *a: True,
-        _lean_capture_policy=lambda *a: True,
-    )
-    be.kv_index_translator = KVIndexTranslator(
-        req_to_token=be.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=pool,
-        page_size=be.page_size, device="cpu",
-    )
+        be.__dict__.update(
+            target_verify_num_tokens_per_req=n, dllm_attention=None, use_dense_fp8_chunked_prefill=False,
+            use_verify_shared_kv=False, _dense_one_shot_kv_indptr=None,
+            # Lean decode on auto, and its gate saying yes: the chain's rows carry no Lean
+            # buffers, so they must keep the standard kernel.
+            enable_lean_attention=None, _lean_decode_seqlen_gate=lambda *a: True,
+            _lean_capture_policy=lambda *a: True,
+        )
+        be.kv_index_translator = KVIndexTranslator(
+            req_to_token=be.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=pool,
+            page_size=be.page_size, device="cpu",
+        )
 
 
 def chain_backend(pool, page_size, req_to_token, bs, max_ctx):
@@ -96,10 +94,11 @@ def verify_batch(be, prefix):
         out_cache_loc=torch.cat([be.req_to_token[i + 1, p : p + N].long() for i, p in enumerate(prefix)]),
         seq_lens_sum=sum(prefix), spec_info=spec,
     )
-    if not HAS_KV_LOC_PLAN:
+    if RELEASE >= (0, 5, 23):
+        be.kv_index_translator.bind_own_plan(fb)
+        return fb, (fb.kv_loc_plan,)
+    else:
         return fb, ()
-    be.kv_index_translator.bind_own_plan(fb)
-    return fb, (fb.kv_loc_plan,)
 
 
 def attention_layer(window, layer_id):

@@ -11,6 +11,7 @@ differently.
 
 import pytest
 
+from release import RELEASE
 from triton_interpret import print_result, row_invariant_dot, run_as_script
 
 pytestmark = pytest.mark.stack("yoco-model", step="gemma4-fast-prefill-branch")
@@ -24,7 +25,6 @@ def _check():
     import torch
 
     from attention_stand_ins import (
-        HAS_KV_LOC_PLAN,
         back_half_backend_of,
         decoder_layer,
         deterministic_triton_backend,
@@ -64,7 +64,7 @@ def _check():
     out["back_half_mode"] = batch.forward_mode.name
     # Control: the window triton builds for a one-token extend on its own, with
     # its window lists not padded to tiles.
-    if HAS_KV_LOC_PLAN:
+    if RELEASE >= (0, 5, 23):
         back_be.align_window_kv_to_tiles = lambda *args: (None, None)
     else:
         from sglang.srt.layers.attention import deterministic_window_tiles

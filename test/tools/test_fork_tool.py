@@ -601,10 +601,78 @@ def test_check_each_with_two_jobs_checks_each_step_on_its_own_tree(two_stacks):
         "ok 01-fixes/0001-gemma-line-22.patch", "ok 02-yoco/0001-yoco-module.patch",
         "ok 02-yoco/0002-yoco-grows.patch"]
     # a stack test that needs a later step fails its stack's check, also with two jobs
-    marked_test(env, "test_stack.py", "def test_s():\n    from sglang.srt import yoco\n"
-                "    assert yoco.Y == 2\n", '"fixes"')
+    # (by what it reads: one that names a later step's module fails before any test runs)
+    marked_test(env, "test_stack.py", "def test_s():\n    import sglang, pathlib\n"
+                "    assert (pathlib.Path(sglang.__file__).parent / 'srt/yoco.py').exists()\n",
+                '"fixes"')
     with pytest.raises(fork.ForkError, match="01-fixes/0001-gemma-line-22.patch: its tests fail"):
         fork.check_each(env, jobs=2, log=lambda m: None)
+
+
+HELPERS = """import pytest
+
+
+def _y():
+    from sglang.srt.yoco import Y
+    return Y
+
+
+@pytest.mark.stack("yoco", step="yoco-module")
+def test_x():
+    from sglang.srt.yoco import X
+    assert X == 1{uses_y}
+
+
+@pytest.mark.stack("yoco", step="yoco-grows")
+def test_y():
+    assert _y() == 2
+"""
+
+
+def test_a_helper_enters_with_the_first_test_that_uses_it(two_stacks):
+    """A step's exported tests name only what its tree has: a helper that names a later
+    step's code is carried from the step whose test uses it; a test (or a helper it
+    uses) that names it earlier fails check --each statically, naming file, name, step."""
+    env = two_stacks
+    srt = env.root / "test/srt"
+    (srt / "test_helpers.py").write_text(HELPERS.format(uses_y=""))
+    steps = fork.read_series(env)
+    files = [f.get("test/srt/test_helpers.py", b"").decode() for f in fork.exported_tests(env, steps)]
+    assert files[0] == "" and "def test_x" in files[1]
+    assert "_y" not in files[1] and "import pytest" not in files[1]
+    assert "def _y():" in files[2] and "def test_y" in files[2]
+    fork.check_each(env, run_tests=False, log=lambda m: None)
+    (srt / "test_helpers.py").write_text(HELPERS.format(uses_y="\n    assert _y() == 2"))
+    with pytest.raises(fork.ForkError, match=r"test/srt/test_helpers.py:2: sglang.srt.yoco.Y "
+                                             r"is not in the tree of step 02-yoco/0001-yoco-module"):
+        fork.check_each(env, run_tests=False, log=lambda m: None)
+
+
+def test_step_names_resolve_modules_names_submodules_and_module_attributes(two_stacks, tmp_path):
+    tree = fork.materialize(two_stacks, tmp_path / "t", quiet=True).dest
+    src = ("import sglang.srt.models.gemma\nfrom sglang.srt import models, yoco\n"
+           "from sglang.srt.yoco import X, Y, Z\nfrom sglang.srt import gone\n"
+           "def f():\n    import sglang.srt.missing as m\n    return yoco.X + yoco.W + yoco.__name__\n")
+    assert fork.step_name_problems(tree, {"test/srt/t.py": src.encode()}, "last") == [
+        f"test/srt/t.py:{n}: sglang.srt.{name} is not in the tree of step last"
+        for n, name in ((3, "yoco.Z"), (4, "gone"), (6, "missing"), (7, "yoco.W"))]
+
+
+def test_export_keeps_only_its_releases_branch():
+    src = ("from release import RELEASE\n\n\ndef f():\n    if RELEASE >= (0, 5, 23):\n"
+           "        # new\n        from sglang.srt import new\n        return new.x\n"
+           "    else:\n        return 1\n\n\ndef g():\n    if not RELEASE < (0, 5, 23):\n"
+           "        return 2\n\n\nCASES = (1,) + (() if RELEASE >= (0, 5, 23) else (3,))\n")
+    old = fork.release_source(src, "t.py", (0, 5, 17))
+    assert old == ("\n\ndef f():\n    return 1\n\n\ndef g():\n    pass\n\n\n"
+                   "CASES = (1,) + ((3,))\n")
+    new = fork.release_source(src, "t.py", (0, 5, 23))
+    assert "from release import RELEASE" not in new and "return 1" not in new
+    assert "def f():\n    # new\n    from sglang.srt import new\n    return new.x\n" in new
+    assert "def g():\n    return 2\n" in new and "CASES = (1,) + (())\n" in new
+    with pytest.raises(fork.ForkError, match="no elif"):
+        fork.release_source("if RELEASE < (0, 5, 23):\n    a = 1\nelif x:\n    a = 2\n",
+                            "t.py", (0, 5, 23))
 
 
 def test_check_each_fails_a_test_that_passes_before_its_step(two_stacks):

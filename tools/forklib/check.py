@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core import BASE_TAG, Fork, ForkError, git
+from .export import exported_tests
 from .marks import collect_marked_tests, left_out_why, tests_of_base
+from .names import _Modules, check_step_names
 from .probes import COMPILE_PROBE, IMPORT_FAILED, IMPORT_PROBE, _Interpreter, _tree_env, preload_names, python_modules
 from .series import Step, lint_series, read_series, stacks_of
 from .tree import step_contents, apply_step, changed_files, create_base, verify_modules
@@ -158,8 +160,11 @@ def check_each(fork: Fork, python: str | None = None, run_tests: bool = True,
         skipping = start is not None
         before = git(tree, "rev-parse", "HEAD").stdout.strip()
         contents = step_contents(fork, steps)
-        for s in steps:
+        # what an export carries at each step: its tests may name only what the step has
+        carried, modules = exported_tests(fork, steps), _Modules(tree)
+        for s, files in zip(steps, carried):
             apply_step(tree, s, contents.get(s.name))
+            check_step_names(tree, files, s.line, modules)
             after = git(tree, "rev-parse", "HEAD").stdout.strip()
             skipping = skipping and s.name != start
             if not skipping:  # --from: the steps before it are only applied
