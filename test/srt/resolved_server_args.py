@@ -29,7 +29,7 @@ def from_cli(parsed) -> ServerArgs:
 
 def model_config(args: ServerArgs):
     """The ModelConfig that resolution built for ``args`` (what the model gets)."""
-    if DECLARES:
+    if RELEASE >= (0, 5, 23):
         from sglang.srt.arg_groups.overrides import model_config_of
 
         return model_config_of(args)
