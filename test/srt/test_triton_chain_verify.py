@@ -115,6 +115,7 @@ def attention_layer(window, layer_id):
 def _check():
     import torch
 
+    from sglang.srt.layers.attention.triton_backend import update_sliding_window_buffer
     from sglang.srt.layers.attention.triton_chain_verify import ChainVerify
 
     g = torch.Generator().manual_seed(0)
@@ -147,7 +148,7 @@ def _check():
     out = {}
     be.init_forward_metadata(fb)
     stock = {w: attend(w) for w in (WINDOW, -1)}
-    be.chain_verify = ChainVerify(be)
+    be.chain_verify = ChainVerify(be, update_sliding_window_buffer)
     out["grouped_by_default"] = be.chain_verify.grouped
     be.chain_verify.grouped = False  # one decode row per draft token (SGLANG_CHAIN_VERIFY_GROUPED=0)
     be.init_forward_metadata(fb)
@@ -185,7 +186,7 @@ def _check():
     out["splits"] = be.cuda_graph_num_kv_splits.tolist()
     # Grouped (the default): one key list a request, all draft
     # rows of a request per key tile; eager and CUDA-graph metadata.
-    be.chain_verify = ChainVerify(be)
+    be.chain_verify = ChainVerify(be, update_sliding_window_buffer)
     be.init_forward_metadata(fb)
     out["grouped_lists_per_request"] = (be.forward_metadata.kv_indptr.shape[0] == bs + 1
                                         and be.forward_metadata.window_kv_indptr.shape[0] == bs + 1)
@@ -205,14 +206,14 @@ def _check():
     per_row_xai = {w: attend_xai(w) for w in (WINDOW, -1)}
     out["fallback_equals_per_row"] = all(torch.equal(fallback[w], per_row_xai[w]) for w in (WINDOW, -1))
     out["xai_changes_output"] = (per_row_xai[-1] - chain[-1]).abs().max().item()
-    be.chain_verify = ChainVerify(be)
+    be.chain_verify = ChainVerify(be, update_sliding_window_buffer)
     be.init_forward_metadata(fb)
     be.chain_verify.init_cuda_graph_state(m)
     compare(grouped, "_grouped")
     # Control: a window one key narrower (what triton's decode metadata keeps)
     # moves the output far beyond the tolerance.
     be.sliding_window_size = WINDOW - 1
-    be.chain_verify = ChainVerify(be)
+    be.chain_verify = ChainVerify(be, update_sliding_window_buffer)
     be.init_forward_metadata(fb)
     out["narrower_window_diff"] = (attend(WINDOW - 1) - stock[WINDOW]).abs().max().item()
     return out

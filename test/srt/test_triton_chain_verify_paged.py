@@ -83,6 +83,7 @@ def _pool(layout, dtype, ps):
 def _case(layout, dtype, ps, g):
     import torch
 
+    from sglang.srt.layers.attention.triton_backend import update_sliding_window_buffer
     from sglang.srt.layers.attention.triton_chain_verify import ChainVerify
 
     bs, lens = len(PREFIX), [p + N for p in PREFIX]
@@ -110,7 +111,7 @@ def _case(layout, dtype, ps, g):
     wrong = _torch_reference(pool, ps, wrong_pages, q, -1)
     out["wrong_pages_diff"] = (stock[-1] - wrong).abs().max().item()
     out["wrong_pages_rel_rms"] = _rel_rms(wrong, stock[-1])
-    be.chain_verify = ChainVerify(be)
+    be.chain_verify = ChainVerify(be, update_sliding_window_buffer)
     out["grouped"] = be.chain_verify.grouped  # what the backend picks for this KV dtype
     # The verify that runs, eager and as a CUDA graph; on bf16 the per-draft-token rows
     # too (SGLANG_CHAIN_VERIFY_GROUPED=0). On a page-major pool only the grouped kernel
@@ -118,7 +119,7 @@ def _case(layout, dtype, ps, g):
     paths = [be.chain_verify.grouped] + ([False] if be.chain_verify.grouped and layout == "nhd" else [])
     for grouped in paths:
         tag = "grouped" if grouped else "per_row"
-        be.chain_verify = ChainVerify(be)
+        be.chain_verify = ChainVerify(be, update_sliding_window_buffer)
         be.chain_verify.grouped = grouped
         be.init_forward_metadata(fb)
         eager = {w: attend(w) for w, _ in kinds}
@@ -137,7 +138,7 @@ def _case(layout, dtype, ps, g):
     if dtype == "bfloat16" and layout == "nhd" and ps == 16:
         # Control: a window one key narrower is far beyond the bf16 tolerance.
         be.sliding_window_size = WINDOW - 1
-        be.chain_verify = ChainVerify(be)
+        be.chain_verify = ChainVerify(be, update_sliding_window_buffer)
         be.init_forward_metadata(fb)
         out["narrower_window_diff"] = (attend(WINDOW - 1) - stock[WINDOW]).abs().max().item()
         be.sliding_window_size = WINDOW

@@ -109,13 +109,6 @@ def through_upstream(site: Path, fork_modules: set) -> dict:
     return graph
 
 
-# The chain verify's index builders take triton_backend's own update_sliding_window_buffer
-# (imported where called), and triton_backend builds the chain verify: known, not yet
-# handed in by the backend.
-KNOWN = {frozenset({"sglang.srt.layers.attention.triton_chain_verify",
-                    "sglang.srt.layers.attention.triton_chain_verify_release"})}
-
-
 def test_no_circle_through_the_upstream_files_the_patches_change():
     site = _installed_sglang()
     fork_modules = set()
@@ -123,5 +116,4 @@ def test_no_circle_through_the_upstream_files_the_patches_change():
         fork_modules |= set(import_graph(tree))
     graph = through_upstream(site, fork_modules)
     assert "sglang.srt.model_executor.kv_sharing_fast_prefill_planner" in graph  # installed
-    found = {frozenset(c) for c in cycles(graph)}
-    assert found <= KNOWN, sorted(map(sorted, found - KNOWN))
+    assert cycles(graph) == []

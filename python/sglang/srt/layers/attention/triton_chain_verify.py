@@ -62,10 +62,14 @@ def chain_query_lens(seq_lens, req_pool_indices, n):
 
 
 class ChainVerify:
-    """Decode-shaped verify metadata for one TritonAttnBackend."""
+    """Decode-shaped verify metadata for one TritonAttnBackend.
 
-    def __init__(self, backend):
+    ``window_buffer`` is the backend module's ``update_sliding_window_buffer``,
+    handed in by the backend that builds this (its module imports this one)."""
+
+    def __init__(self, backend, window_buffer):
         self.backend = backend
+        self.window_buffer = window_buffer
         self.swa = (
             backend.sliding_window_size is not None and backend.sliding_window_size > 0
         )
@@ -350,6 +354,7 @@ class ChainVerify:
         `_lists`). Returns the window lengths (None without sliding window)."""
         return fill_key_lists(
             self.backend,
+            self.window_buffer,
             plan,
             rows,
             lens,

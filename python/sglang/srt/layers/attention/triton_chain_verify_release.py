@@ -11,6 +11,7 @@ where the backend takes a verify path the chain form is not wired into.
 import logging
 
 import torch
+from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def eager_kv_indices_len(forward_batch, lens, num_rows) -> int:
 
 def fill_key_lists(
     backend,
+    update_sliding_window_buffer,
     plan,
     rows,
     lens,
@@ -76,11 +78,6 @@ def fill_key_lists(
     """The backend's decode index builders over key lists (pool row `rows[i]`, its
     first `lens[i]` keys); with a `window`, also the lists' last `window` keys.
     Returns the window lengths (None without a window)."""
-    from sglang.srt.layers.attention.triton_backend import (
-        create_flashinfer_kv_indices_triton,
-        update_sliding_window_buffer,
-    )
-
     m = rows.shape[0]
     kv_indptr[1 : m + 1] = torch.cumsum(lens, dim=0)
     create_flashinfer_kv_indices_triton[(m,)](

@@ -39,6 +39,7 @@ def eager_kv_indices_len(forward_batch, lens, num_rows) -> int:
 
 def fill_key_lists(
     backend,
+    update_sliding_window_buffer,
     plan,
     rows,
     lens,
@@ -51,8 +52,6 @@ def fill_key_lists(
     """The backend's decode index builders over key lists (pool row `rows[i]`, its
     first `lens[i]` keys); with a `window`, also the lists' last `window` keys.
     Returns the window lengths (None without a window)."""
-    from sglang.srt.layers.attention.triton_backend import update_sliding_window_buffer
-
     m = rows.shape[0]
     kv_indptr[1 : m + 1] = torch.cumsum(lens, dim=0)
     backend.kv_index_translator.pack_read_stream(
