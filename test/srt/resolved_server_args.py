@@ -27,15 +27,6 @@ def from_cli(parsed) -> ServerArgs:
     return resolve(ServerArgs.from_cli_args(parsed))
 
 
-def model_config(args: ServerArgs):
-    """The ModelConfig that resolution built for ``args`` (what the model gets)."""
-    if RELEASE >= (0, 5, 23):
-        from sglang.srt.arg_groups.overrides import model_config_of
-
-        return model_config_of(args)
-    return args.get_model_config()
-
-
 def resolved(args: ServerArgs, name: str):
     """The value resolution decided for the field ``name``."""
     if RELEASE >= (0, 5, 23):
@@ -57,6 +48,7 @@ def attention_backends(args: ServerArgs):
 
 
 def model_config(args: ServerArgs):
+    """The ModelConfig that resolution built for ``args`` (what the model gets)."""
     if RELEASE >= (0, 5, 23):
         from sglang.srt.arg_groups.overrides import model_config_of
 

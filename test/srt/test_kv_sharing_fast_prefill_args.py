@@ -273,9 +273,10 @@ def test_gemma4_with_kv_shared_layers_accepted(model, caplog, variant):
     args, (line,), _ = logged(caplog, server_args, model(variant))  # one line, no warning
     assert resolved(args, "kv_sharing_fast_prefill") is True
     # min-tokens unset: resolved once, here, with the reason in the line
-    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 0
+    n = resolved(args, "kv_sharing_fast_prefill_min_tokens")
+    assert isinstance(n, int)
     assert line.startswith(f"KV-sharing fast prefill (YOCO) on: first KV-shared layer {first_shared} "
-                           f"of {num_layers}; prefill passes of >= 0 new tokens (unset: ")
+                           f"of {num_layers}; prefill passes of >= {n} new tokens (unset: ")
     assert f") run layers {first_shared}-{num_layers - 1} for the last token of each request only" in line
     _, (line,), _ = logged(caplog, server_args, model(variant),
                            kv_sharing_fast_prefill_min_tokens=64)
@@ -325,6 +326,14 @@ def test_min_tokens_within_what_a_pass_holds(model, caplog, monkeypatch):
     _, _, warnings = logged(caplog, server_args, model("E4B"), chunked_prefill_size=1024,
                             kv_sharing_fast_prefill_min_tokens=1024)
     assert warnings == []
+    # a GPU under 35 GB (chunked prefill 2048): the breakable graph keeps the smaller passes
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    small = breakable_on_gpu(args, chunk=2048)
+    _, _, warnings = logged(caplog, handle, small)
+    assert (prefill_graph(small).bs, warnings) == ([256], [])
+    assert resolved(small, "kv_sharing_fast_prefill_min_tokens") == 2048
+    assert prefill_graph(small).backend == Backend.BREAKABLE
     # unset where the back half runs eager on a GPU: at most the largest pass
     context = settings.model_config(args).context_len  # 4096 in the tiny configs
     for chunk, want, bound in ((2048, 2048, "; at most --chunked-prefill-size 2048"),
@@ -574,8 +583,8 @@ def test_breakable_prefill_graph_capped_below_threshold(model, caplog, min_token
     assert graph.bs == [s for s in plain.bs if s < min_tokens]
     assert graph.max_bs == graph.bs[-1] < min_tokens
     assert any("capped" in m for m in infos) == (plain.max_bs >= min_tokens)
-    # only a threshold above the largest pass (CPU's chunked prefill, 2048) is named
-    assert len(warnings) == (min_tokens > resolved(args, "chunked_prefill_size"))
+    # nothing but a threshold above the largest pass (CPU's chunked prefill) is named
+    assert all("more new tokens than any prefill pass holds" in w for w in warnings), warnings
 
 
 def _with_prefill_graph(args, **prefill):
@@ -590,17 +599,23 @@ def test_defaulted_breakable_prefill_graph_capped_quietly(e4b_resolved, caplog):
     # the CUDA default (breakable, as a GPU server resolves it) is capped too
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    for chunk, kept in ((8192, [256, 2048, 3840]), (2048, [256])):  # H100's chunk; 2048 (< 35 GB)
-        _, config = _with_prefill_graph(e4b_resolved, backend=Backend.BREAKABLE,
-                                        bs=[256, 2048, 3840, 4096, 8192], max_bs=8192)
-        # unset again (resolved on this CPU machine to 0)
-        args = with_fields(e4b_resolved, cuda_graph_config=config, chunked_prefill_size=chunk,
-                           kv_sharing_fast_prefill_min_tokens=None)
-        _, _, warnings = logged(caplog, handle, args)
-        graph = prefill_graph(args)
-        assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, kept, kept[-1])
-        assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == min(4096, chunk)
-        assert not warnings
+    args = breakable_on_gpu(e4b_resolved, chunk=8192)  # an H100's chunked prefill
+    _, _, warnings = logged(caplog, handle, args)
+    graph = prefill_graph(args)
+    assert (graph.backend, graph.bs, graph.max_bs) == (Backend.BREAKABLE, [256, 2048, 3840], 3840)
+    assert resolved(args, "kv_sharing_fast_prefill_min_tokens") == 4096
+    assert not warnings
+
+
+def breakable_on_gpu(e4b_resolved, chunk):
+    """A GPU server's defaulted breakable prefill graph, min-tokens unset again (this CPU
+    machine resolved it)."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    _, config = _with_prefill_graph(e4b_resolved, backend=Backend.BREAKABLE,
+                                    bs=[256, 2048, 3840, 4096, 8192], max_bs=8192)
+    return with_fields(e4b_resolved, cuda_graph_config=config, chunked_prefill_size=chunk,
+                       kv_sharing_fast_prefill_min_tokens=None)
 
 
 def test_pinned_capture_sizes_above_threshold_dropped_with_warning(model, caplog):
