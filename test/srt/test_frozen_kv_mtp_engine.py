@@ -10,6 +10,7 @@ import os
 import sys
 
 import pytest
+from release import RELEASE
 
 from cpu_engine import (
     TRITON_ENGINE, YOCO, HFReference, decisive_prompts, greedy_of, server_arg_names, start_engine)
@@ -87,12 +88,13 @@ def mtp_engine(setup, **extra):
     # covers): the tests that pass it cover the chain verify, and through the triton
     # interpreter a run with it takes about twice as long.
     env = {}
-    if "triton_attention_split_kv_verify" in server_arg_names():
-        extra.setdefault("triton_attention_split_kv_verify", False)
-    else:  # 0.5.23: the switch is upstream's, read by the scheduler process
+    if RELEASE >= (0, 5, 23):  # the switch is upstream's, read by the scheduler process
         on = extra.pop("triton_attention_split_kv_verify", False) is not False
         env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "1" if on else "0",
                "SGLANG_TEST_CHAIN_VERIFY_ON_CPU": "1" if on else "0"}
+    else:
+        if "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
+            extra.setdefault("triton_attention_split_kv_verify", False)
     with environ(env), engine(setup, **mtp_kwargs(draft, 3), **extra) as generate:
         def verified(return_logprob=True):
             tokens, verify = generate(return_logprob)
@@ -154,12 +156,14 @@ def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
 
 
 def _chain_log():
-    """0.5.23 selects the chain mode silently but for one start-up line: log it."""
-    return {} if "triton_attention_split_kv_verify" in server_arg_names() else {"log_level": "info"}
+    if RELEASE >= (0, 5, 23):
+        # 0.5.23 selects the chain mode silently but for one start-up line: log it
+        return {"log_level": "info"}
+    return {}
 
 
 def _assert_chain_selected(capfd, layout):
-    if "triton_attention_split_kv_verify" not in server_arg_names():
+    if RELEASE >= (0, 5, 23):
         assert f"split-KV verify: chain ({layout})" in capfd.readouterr().err
 
 
@@ -204,13 +208,14 @@ def test_mtp_on_both_servers_of_pd(setup, tmp_path):
         args += [f"--{k.replace('_', '-')}", str(v)]
     env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "pd_stand_in"), os.environ["PYTHONPATH"]])}
-    if "triton_attention_split_kv_verify" in server_arg_names():
-        args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
-    else:
-        env["SGLANG_ENABLE_SPLITKV_VERIFY"] = "0"
     decode_args = ["--disaggregation-mode", "decode"]
-    if "disaggregation_decode_retraction_backup" in server_arg_names():  # 0.5.23's default pins host memory via CUDA
+    if RELEASE >= (0, 5, 23):
+        env["SGLANG_ENABLE_SPLITKV_VERIFY"] = "0"  # as mtp_engine: the faster verify here
+        # its default retraction backup pins host memory via CUDA
         decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    else:
+        if "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
+            args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
     servers = [ServerProcess(target, [*args, *extra], name=name, env=env) for name, extra in (
         ("pd-prefill-mtp", ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot)]),
         ("pd-decode-mtp", decode_args))]
