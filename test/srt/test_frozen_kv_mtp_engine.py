@@ -92,6 +92,8 @@ def mtp_engine(setup, **extra):
         on = extra.pop("triton_attention_split_kv_verify", False) is not False
         env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "1" if on else "0",
                "SGLANG_TEST_CHAIN_VERIFY_ON_CPU": "1" if on else "0"}
+        if on:  # it selects the chain mode silently but for one start-up line: log it
+            extra.setdefault("log_level", "info")
     else:
         if "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
             extra.setdefault("triton_attention_split_kv_verify", False)
@@ -151,20 +153,14 @@ def test_adaptive_mtp_matches_hf_switches_steps_and_takes_the_greedy_tail(setup,
 def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
     """One decode row per draft token (the grouped kernel's fallback)."""
     monkeypatch.setenv("SGLANG_CHAIN_VERIFY_GROUPED", "0")  # read by the scheduler process
-    assert mtp(setup, triton_attention_split_kv_verify=True, **_chain_log()) == setup[3]
-    _assert_chain_selected(capfd, "one decode row per draft token")
-
-
-def _chain_log():
+    assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]
     if RELEASE >= (0, 5, 23):
-        # 0.5.23 selects the chain mode silently but for one start-up line: log it
-        return {"log_level": "info"}
-    return {}
+        _assert_chain_selected(capfd, "one decode row per draft token")
 
 
 def _assert_chain_selected(capfd, layout):
-    if RELEASE >= (0, 5, 23):
-        assert f"split-KV verify: chain ({layout})" in capfd.readouterr().err
+    """The start-up line that says which chain mode was selected."""
+    assert f"split-KV verify: chain ({layout})" in capfd.readouterr().err
 
 
 @pytest.mark.stack("yoco-mtp")
@@ -184,8 +180,9 @@ def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
     with the flag unset, as FROZEN_KV_MTP on triton takes it by default (step
     split-kv-verify-default, the stack's last)."""
     monkeypatch.delenv("SGLANG_CHAIN_VERIFY_GROUPED", raising=False)
-    assert mtp(setup, triton_attention_split_kv_verify=None, **_chain_log()) == setup[3]
-    _assert_chain_selected(capfd, "grouped")
+    assert mtp(setup, triton_attention_split_kv_verify=None) == setup[3]
+    if RELEASE >= (0, 5, 23):
+        _assert_chain_selected(capfd, "grouped")
 
 
 @pytest.mark.stack("generic-fixes")  # its step's own proof: test_frozen_kv_mtp_pd_seed.py
