@@ -383,5 +383,5 @@ def test_shared_logits_buffer_holds_the_widest_adaptive_verify(monkeypatch, adap
         runner.decode_graph_gather_requirements = lambda: (False, False)
     else:
         runner.server_args = args  # what it reads
-    with published(args):  # (0.5.23 reads them from the context)
+    with published(args):  # what 0.5.23 reads
         assert runner.max_decode_logits_rows() == rows

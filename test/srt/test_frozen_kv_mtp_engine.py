@@ -87,7 +87,6 @@ def mtp_engine(setup, **extra):
     # default from step split-kv-verify-default, whose resolution test_triton_split_kv_verify_args
     # covers): the tests that pass it cover the chain verify, and through the triton
     # interpreter a run with it takes about twice as long.
-    env = {}
     if RELEASE >= (0, 5, 23):  # the switch is upstream's, read by the scheduler process
         on = extra.pop("triton_attention_split_kv_verify", False) is not False
         env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "1" if on else "0",
@@ -95,6 +94,7 @@ def mtp_engine(setup, **extra):
         if on:  # it selects the chain mode silently but for one start-up line: log it
             extra.setdefault("log_level", "info")
     else:
+        env = {}
         if "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
             extra.setdefault("triton_attention_split_kv_verify", False)
     with environ(env), engine(setup, **mtp_kwargs(draft, 3), **extra) as generate:

@@ -131,9 +131,9 @@ def real_draft_worker(topk=1):
 
 def draft_context(draft):
     if RELEASE >= (0, 5, 23):
-        # a FakeDraft records the layout entered through spec_utils' context
         from unittest import mock
 
+        # a FakeDraft records the layout entered through spec_utils' context
         if isinstance(draft, FakeDraft):
             return mock.patch.object(fkv, "draft_tp_context", draft.draft_tp_context)
     return nullcontext()
