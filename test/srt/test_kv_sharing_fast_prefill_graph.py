@@ -40,9 +40,11 @@ class FakeLayer(torch.nn.Module):
         geo = positions.double() + 0.5 * fb.seq_lens.double() + 0.25 * fb.req_pool_indices.double()
         out = hidden_states * (1.0 + 0.1 * self.i) + geo[:, None]
         out = out + per_layer_input.sum(-1, keepdim=True) * (self.i + 1)
-        # A decoder layer returns (hidden_states, residual) on 0.5.17; on 0.5.23 its
-        # output alone (the residual lives in the batch's ResidualStream).
-        return out if RELEASE >= (0, 5, 23) else (out, None)
+        if RELEASE >= (0, 5, 23):
+            # a decoder layer returns its output alone (the residual lives in the
+            # batch's ResidualStream)
+            return out
+        return out, None  # a decoder layer returns (hidden_states, residual)
 
 
 class FakeBackend:

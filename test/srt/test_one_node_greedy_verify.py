@@ -74,8 +74,10 @@ def verify_round(batch, logits, tail):
             logits_output=logits_output, routed_experts_output=None, indexer_topk_output=None
         ),
     )
-    # the step count: 0.5.17's verify takes it, 0.5.23's reads it from the input
-    steps = {} if RELEASE >= (0, 5, 23) else dict(num_steps=0)
+    if RELEASE >= (0, 5, 23):
+        steps = {}  # its verify reads the step count from the input
+    else:
+        steps = dict(num_steps=0)  # its verify takes the step count
     result = common.run_eagle_verify(
         batch, target_worker=target, req_to_token_pool=None,
         token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: object()), plan_stream=None,

@@ -86,7 +86,8 @@ def _check():
         cache_locs._is_cuda = True
         kernels = [(warmup, "assign_req_to_token_pool"), (cache_locs, "assign_extend_cache_locs_uniform"),
                    (eagle_kernels, "_verify_commit_outputs_kernel")]
-    else:  # it fills the bonus tokens with fill_bonus_tokens
+    else:
+        # it fills the bonus tokens with fill_bonus_tokens
         kernels = [(warmup, "assign_req_to_token_pool"), (launches, "assign_extend_cache_locs_uniform"),
                    (launches, "fill_bonus_tokens")]
     for module, name in kernels:
