@@ -3,6 +3,7 @@
 import os
 
 import torch
+from release import RELEASE
 
 
 class EngineStartFailed(RuntimeError):
@@ -66,12 +67,12 @@ YOCO = dict(kv_sharing_fast_prefill=True, kv_sharing_fast_prefill_min_tokens=0)
 
 
 def server_arg_names() -> frozenset:
-    """The server arguments this SGLang takes (a dataclass on 0.5.17, a msgspec struct
-    on 0.5.23)."""
+    """The server arguments this SGLang takes."""
     from sglang.srt.server_args import ServerArgs
 
-    fields = getattr(ServerArgs, "__dataclass_fields__", None)
-    return frozenset(fields if fields is not None else ServerArgs.__struct_fields__)
+    if RELEASE >= (0, 5, 23):
+        return frozenset(ServerArgs.__struct_fields__)  # a msgspec struct
+    return frozenset(ServerArgs.__dataclass_fields__)
 
 
 def start_engine(model_path: str, **overrides):

@@ -7,6 +7,7 @@ import types
 
 import pytest
 import torch
+from release import RELEASE
 
 pytestmark = pytest.mark.stack("bench-support")
 
@@ -34,9 +35,8 @@ def _dummy_load(monkeypatch):
 
     monkeypatch.setattr(loader, "_initialize_model", lambda *a, **k: _Tiny())
     monkeypatch.setattr(loader, "_get_quantization_config", lambda *a, **k: None)
-    for post in ("post_load_weights", "_post_load_weights"):  # its name per release
-        if hasattr(loader, post):
-            monkeypatch.setattr(loader, post, lambda model: None)
+    post = "post_load_weights" if RELEASE >= (0, 5, 23) else "_post_load_weights"
+    monkeypatch.setattr(loader, post, lambda model: None)
     model = loader.DummyModelLoader(LoadConfig(load_format="dummy")).load_model(
         model_config=types.SimpleNamespace(dtype=torch.float32),
         device_config=types.SimpleNamespace(device="cpu"),

@@ -3,11 +3,11 @@ per-state capture sizes (step spec-adaptive-per-state-capture-sizes), on CPU, no
 the worker's real adaptive states over stand-in model runners, and real decode rounds
 through forward_batch_generation (at 0 draft steps the target verifies the bonus alone).
 """
-import inspect
 import types
 
 import pytest
 import torch
+from release import RELEASE
 from resolved_server_args import published
 from transformers import PretrainedConfig
 
@@ -24,18 +24,8 @@ from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG, adaptive_unsupported_reason
 from sglang.srt.speculative.frozen_kv_mtp_info import FrozenKVMTPDraftInput, FrozenKVMTPVerifyInput
-from sglang.srt.utils import empty_context
 
 pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="frozen-kv-mtp-adaptive")
-
-# What differs between the releases here, probed once:
-# - 0.5.17's worker takes the ParallelState (server_args, gpu_id, ps, nccl_port,
-#   target_worker); 0.5.23's reads it from the published context.
-WORKER_TAKES_PS = "ps" in inspect.signature(fkv.FrozenKVMTPWorkerV2.__init__).parameters
-# - the fewest draft steps the frozen draft captures a graph for: 0.5.17's one-step
-#   draft runs no forward it could capture (2); 0.5.23's runs the assistant seed
-#   forward (1).
-DRAFT_GRAPH_FROM_STEPS = 2 if WORKER_TAKES_PS else 1
 
 HIDDEN = 4
 # union of stock DEFAULT_ADAPTIVE_CONFIG ([0, 1, 3, 7]; 0.5.23 adds 5 from batch 1)
@@ -139,12 +129,16 @@ def draft_worker():
         server_args=get_context().server_args, topk=1, speculative_num_steps=3,
         speculative_num_draft_tokens=4, device="cpu", gpu_id=0,
         target_worker=types.SimpleNamespace(device="cuda"),
-        draft_tp_context=empty_context,  # 0.5.17
-        parallel_layout=types.SimpleNamespace(tp_group=None),  # 0.5.23: the target's
         draft_attn_backend=dw._model_runner.attn_backend,  # topk 1: the runner's own
         cuda_graph_runner="draft-graphs-steps-3", draft_extend_attn_backend=None,
         cuda_graph_runner_for_draft_extend=None, _specialized_graph_memory_usage={},
         _specialized_graph_time_usage={})
+    if RELEASE >= (0, 5, 23):
+        fields["parallel_layout"] = types.SimpleNamespace(tp_group=None)  # the target's
+    else:
+        from sglang.srt.utils import empty_context
+
+        fields["draft_tp_context"] = empty_context
     for k, v in fields.items():  # setattr: the base classes may define properties
         setattr(dw, k, v)
     return dw
@@ -165,7 +159,10 @@ def build_worker(monkeypatch, args):
         monkeypatch.setattr(fkv, "FrozenKVMTPDraftWorker", lambda *a, **k: dw)
         target = types.SimpleNamespace(model_runner=TargetRunner(),
                                        get_memory_pool=lambda: ("req_to_token_pool", "allocator"))
-        ps = (None,) if WORKER_TAKES_PS else ()
+        if RELEASE >= (0, 5, 23):
+            ps = ()  # the worker reads the ParallelState from the published context
+        else:
+            ps = (None,)  # the worker takes the ParallelState (after its gpu_id)
         w = fkv.FrozenKVMTPWorkerV2(get_context().server_args, 0, *ps, 0, target)
         assert isinstance(w.adaptive_controller, AdaptiveController)
         # EAGLEWorkerV2.init_cuda_graphs, as at start-up; the draft worker's
@@ -190,11 +187,13 @@ def test_each_state_has_its_own_draft_backend_and_graphs(worker):
     # a state with no draft graph must not keep another state's (here the steps-3 one)
     assert states[0].cuda_graph_runner is None
     g1 = states[1].cuda_graph_runner
-    if DRAFT_GRAPH_FROM_STEPS > 1:
-        assert g1 is None
-    else:
+    if RELEASE >= (0, 5, 23):
+        # its one-step draft runs the assistant seed forward: a graph to capture
         assert isinstance(g1, GraphRunner) and g1.steps == 1
         assert g1.backend is states[1].draft_attn_backend
+    else:
+        # its one-step draft runs no forward it could capture
+        assert g1 is None
     assert states[3].cuda_graph_runner == "draft-graphs-steps-3"
     g7 = states[7].cuda_graph_runner
     assert isinstance(g7, GraphRunner)
@@ -249,7 +248,7 @@ def test_each_state_captures_only_the_batch_sizes_that_reach_it(graph_worker):
     assert states[7].target_graph_runner.capture_bs == [1, 2, 4]
     assert states[7].cuda_graph_runner.capture_bs == [1, 2, 4]
     assert states[1].target_graph_runner.capture_bs == [b for b in GRAPH_BS if b < 64]
-    if DRAFT_GRAPH_FROM_STEPS == 1:
+    if RELEASE >= (0, 5, 23):  # a one-step draft graph too
         assert states[1].cuda_graph_runner.capture_bs == [b for b in GRAPH_BS if b < 64]
     assert states[0].target_graph_runner.capture_bs == [b for b in GRAPH_BS if b >= 8]
     # the start-up state (3 steps) was captured before; the list is restored
@@ -377,10 +376,12 @@ def test_shared_logits_buffer_holds_the_widest_adaptive_verify(monkeypatch, adap
                         lambda runner, width, **kw: ([1, 8, 64, 80], []))
     args = frozen_args(speculative_adaptive=adaptive)
     runner = object.__new__(ModelRunner)
-    runner.server_args = args  # what 0.5.17 reads
     runner.spec_algorithm = SpeculativeAlgorithm.from_string("FROZEN_KV_MTP")
     runner.is_draft_worker = False
-    # 0.5.23 also asks the decode graph runner class which gathers it needs (none here)
-    runner.decode_graph_gather_requirements = lambda: (False, False)
+    if RELEASE >= (0, 5, 23):
+        # it also asks the decode graph runner class which gathers it needs (none here)
+        runner.decode_graph_gather_requirements = lambda: (False, False)
+    else:
+        runner.server_args = args  # what it reads
     with published(args):  # what 0.5.23 reads
         assert runner.max_decode_logits_rows() == rows

@@ -10,6 +10,7 @@ import os
 import sys
 
 import pytest
+from release import RELEASE
 
 from cpu_engine import (
     TRITON_ENGINE, YOCO, HFReference, decisive_prompts, greedy_of, server_arg_names, start_engine)
@@ -86,13 +87,16 @@ def mtp_engine(setup, **extra):
     # default from step split-kv-verify-default, whose resolution test_triton_split_kv_verify_args
     # covers): the tests that pass it cover the chain verify, and through the triton
     # interpreter a run with it takes about twice as long.
-    env = {}
-    if "triton_attention_split_kv_verify" in server_arg_names():
-        extra.setdefault("triton_attention_split_kv_verify", False)
-    else:  # 0.5.23: the switch is upstream's, read by the scheduler process
+    if RELEASE >= (0, 5, 23):  # the switch is upstream's, read by the scheduler process
         on = extra.pop("triton_attention_split_kv_verify", False) is not False
         env = {"SGLANG_ENABLE_SPLITKV_VERIFY": "1" if on else "0",
                "SGLANG_TEST_CHAIN_VERIFY_ON_CPU": "1" if on else "0"}
+        if on:  # it selects the chain mode silently but for one start-up line: log it
+            extra.setdefault("log_level", "info")
+    else:
+        env = {}
+        if "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
+            extra.setdefault("triton_attention_split_kv_verify", False)
     with environ(env), engine(setup, **mtp_kwargs(draft, 3), **extra) as generate:
         def verified(return_logprob=True):
             tokens, verify = generate(return_logprob)
@@ -149,18 +153,14 @@ def test_adaptive_mtp_matches_hf_switches_steps_and_takes_the_greedy_tail(setup,
 def test_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
     """One decode row per draft token (the grouped kernel's fallback)."""
     monkeypatch.setenv("SGLANG_CHAIN_VERIFY_GROUPED", "0")  # read by the scheduler process
-    assert mtp(setup, triton_attention_split_kv_verify=True, **_chain_log()) == setup[3]
-    _assert_chain_selected(capfd, "one decode row per draft token")
-
-
-def _chain_log():
-    """0.5.23 selects the chain mode silently but for one start-up line: log it."""
-    return {} if "triton_attention_split_kv_verify" in server_arg_names() else {"log_level": "info"}
+    assert mtp(setup, triton_attention_split_kv_verify=True) == setup[3]
+    if RELEASE >= (0, 5, 23):
+        _assert_chain_selected(capfd, "one decode row per draft token")
 
 
 def _assert_chain_selected(capfd, layout):
-    if "triton_attention_split_kv_verify" not in server_arg_names():
-        assert f"split-KV verify: chain ({layout})" in capfd.readouterr().err
+    """The start-up line that says which chain mode was selected."""
+    assert f"split-KV verify: chain ({layout})" in capfd.readouterr().err
 
 
 @pytest.mark.stack("yoco-mtp")
@@ -180,8 +180,9 @@ def test_grouped_split_kv_verify_mtp_matches_hf(setup, monkeypatch, capfd):
     with the flag unset, as FROZEN_KV_MTP on triton takes it by default (step
     split-kv-verify-default, the stack's last)."""
     monkeypatch.delenv("SGLANG_CHAIN_VERIFY_GROUPED", raising=False)
-    assert mtp(setup, triton_attention_split_kv_verify=None, **_chain_log()) == setup[3]
-    _assert_chain_selected(capfd, "grouped")
+    assert mtp(setup, triton_attention_split_kv_verify=None) == setup[3]
+    if RELEASE >= (0, 5, 23):
+        _assert_chain_selected(capfd, "grouped")
 
 
 @pytest.mark.stack("generic-fixes")  # its step's own proof: test_frozen_kv_mtp_pd_seed.py
@@ -204,13 +205,14 @@ def test_mtp_on_both_servers_of_pd(setup, tmp_path):
         args += [f"--{k.replace('_', '-')}", str(v)]
     env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "pd_stand_in"), os.environ["PYTHONPATH"]])}
-    if "triton_attention_split_kv_verify" in server_arg_names():
-        args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
-    else:
-        env["SGLANG_ENABLE_SPLITKV_VERIFY"] = "0"
     decode_args = ["--disaggregation-mode", "decode"]
-    if "disaggregation_decode_retraction_backup" in server_arg_names():  # 0.5.23's default pins host memory via CUDA
+    if RELEASE >= (0, 5, 23):
+        env["SGLANG_ENABLE_SPLITKV_VERIFY"] = "0"  # as mtp_engine: the faster verify here
+        # its default retraction backup pins host memory via CUDA
         decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    else:
+        if "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
+            args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
     servers = [ServerProcess(target, [*args, *extra], name=name, env=env) for name, extra in (
         ("pd-prefill-mtp", ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot)]),
         ("pd-decode-mtp", decode_args))]

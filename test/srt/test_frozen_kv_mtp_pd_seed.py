@@ -3,11 +3,11 @@ pair is test_frozen_kv_mtp_engine.py::test_mtp_on_both_servers_of_pd): the decod
 seeds a request's first draft round with the first token and the target's hidden state,
 and the PD metadata's hidden-state slot has the target's width, not the assistant's."""
 
-import inspect
 from types import SimpleNamespace
 
 import pytest
 import torch
+from release import RELEASE
 
 pytestmark = pytest.mark.stack("generic-fixes", step="frozen-kv-mtp-pd-decode-seed", fails_before=True)
 
@@ -25,10 +25,10 @@ def test_decode_server_seeds_the_frozen_draft_from_the_prefill_servers_hidden_st
     algo = SpeculativeAlgorithm.FROZEN_KV_MTP
     kwargs = {"batch": batch, "last_tokens_tensor": first, "future_map": None}
     spec = SimpleNamespace(speculative_eagle_topk=1)
-    if "server_args" in inspect.signature(algo.build_disagg_draft_input).parameters:  # 0.5.17
-        kwargs["server_args"] = spec
-    else:  # 0.5.23 reads the published settings
+    if RELEASE >= (0, 5, 23):  # it reads the published settings
         monkeypatch.setattr(spec_info, "get_spec_config", lambda: spec)
+    else:
+        kwargs["server_args"] = spec
     seed = algo.build_disagg_draft_input(**kwargs)
     assert isinstance(seed, FrozenKVMTPDraftInput)
     assert seed.bonus_tokens.dtype == torch.int64 and seed.bonus_tokens.tolist() == [7, 11]

@@ -11,8 +11,9 @@ import os
 import sys
 
 import pytest
+from release import RELEASE
 
-from cpu_engine import TRITON_ENGINE, HFReference, server_arg_names, start_engine
+from cpu_engine import TRITON_ENGINE, HFReference, start_engine
 from test_frozen_kv_mtp_engine import environ
 from tiny_gemma import GEMMA4_TEXT_CONFIG, make_tiny_gemma4
 
@@ -65,9 +66,9 @@ def setup(tmp_path_factory):
         "SGLANG_TEST_MTP_ORACLE_DRAFTS": str(oracle),
         "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "mtp_cpu_shim"), os.environ.get("PYTHONPATH", "")]),
     }
-    if "triton_attention_split_kv_verify" not in server_arg_names():
-        # 0.5.23: the chain verify is upstream's SGLANG_ENABLE_SPLITKV_VERIFY, selected on
-        # CUDA only unless the shim lets this CPU pass
+    if RELEASE >= (0, 5, 23):
+        # the chain verify is upstream's SGLANG_ENABLE_SPLITKV_VERIFY, selected on CUDA
+        # only unless the shim lets this CPU pass
         env.update(SGLANG_ENABLE_SPLITKV_VERIFY="1", SGLANG_TEST_CHAIN_VERIFY_ON_CPU="1")
     yield target, draft, env, prompts, [w[:n] for w, n in zip(want, NEW_TOKENS)]
 

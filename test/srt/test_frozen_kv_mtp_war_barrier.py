@@ -1,32 +1,31 @@
 """Step war-barrier-verify-event: FROZEN_KV_MTP's WAR barrier waits on the verify graph's
 read-done event, not on the whole forward (stock's barrier runner, the draft runner,
 never published one). On CPU: the scheduler's barrier and the graph runner's execute
-over stand-ins; both bases (SHARED_READ_ENDS).
+over stand-ins; both bases (BARRIER_RUNNER, READ_DONE).
 """
 import contextlib
 import types
 
 import pytest
 import torch
+from release import RELEASE
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.speculative import frozen_kv_mtp_worker_v2 as fkv
-from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="war-barrier-verify-event")
 
-# The one capability switch. 0.5.23 names the barrier's runner
-# last_shared_read_runner and its event shared_read_done_event, and the
-# attention backend declares where a graph's shared reads end
-# (shared_read_ends); 0.5.17 names them war_fastpath_runner and
-# war_fastpath_read_done_event, and the graph runner decides.
-SHARED_READ_ENDS = hasattr(BaseSpecWorker, "last_shared_read_runner")
-BARRIER_RUNNER = "last_shared_read_runner" if SHARED_READ_ENDS else "war_fastpath_runner"
-READ_DONE = "shared_read_done_event" if SHARED_READ_ENDS else "war_fastpath_read_done_event"
+# The barrier's runner and its read-done event, by name.
+if RELEASE >= (0, 5, 23):
+    # (the attention backend declares where a graph's shared reads end: shared_read_ends)
+    BARRIER_RUNNER, READ_DONE = "last_shared_read_runner", "shared_read_done_event"
+else:
+    # (the graph runner decides where a graph's shared reads end)
+    BARRIER_RUNNER, READ_DONE = "war_fastpath_runner", "war_fastpath_read_done_event"
 
 
 def runner(name):

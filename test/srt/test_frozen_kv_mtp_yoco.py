@@ -6,10 +6,10 @@ YOCO never fired); per MTP phase, whether YOCO fires (the real predicate and bat
 
 import types
 from contextlib import contextmanager, nullcontext
-from unittest import mock
 
 import pytest
 import torch
+from release import RELEASE
 
 from test_gemma4_yoco import make_batch, reason
 
@@ -93,7 +93,6 @@ class FakeTarget:
 # How the prefill branch enters the draft's TP group: 0.5.17 through the draft worker's
 # own draft_tp_context(draft_runner.tp_group); 0.5.23 through spec_utils' draft_tp_context
 # with the draft worker's parallel_layout.
-DRAFT_LAYOUT = hasattr(fkv, "resolve_draft_parallel_layout")
 
 
 class FakeDraft:
@@ -103,7 +102,8 @@ class FakeDraft:
         self.seed_args = None
         self.tp_contexts = []
         self.draft_runner = types.SimpleNamespace(tp_group="draft-tp-group")
-        self.parallel_layout = "draft-tp-group"  # DRAFT_LAYOUT
+        if RELEASE >= (0, 5, 23):
+            self.parallel_layout = "draft-tp-group"
 
     @contextmanager
     def draft_tp_context(self, tp_group):
@@ -123,15 +123,19 @@ def real_draft_worker(topk=1):
     draft.draft_tp_context = empty_context  # what __init__ sets without DP attention
     # draft_runner -> model_runner -> _model_runner (read-only properties)
     draft._model_runner = types.SimpleNamespace(tp_group=None)
-    # DRAFT_LAYOUT: what __init__ resolves for the frozen draft (the target's layout)
-    draft.parallel_layout = types.SimpleNamespace(tp_group=None)
+    if RELEASE >= (0, 5, 23):
+        # what __init__ resolves for the frozen draft (the target's layout)
+        draft.parallel_layout = types.SimpleNamespace(tp_group=None)
     return draft
 
 
 def draft_context(draft):
-    """DRAFT_LAYOUT: a FakeDraft records the layout entered through spec_utils' context."""
-    if DRAFT_LAYOUT and isinstance(draft, FakeDraft):
-        return mock.patch.object(fkv, "draft_tp_context", draft.draft_tp_context)
+    if RELEASE >= (0, 5, 23):
+        from unittest import mock
+
+        # a FakeDraft records the layout entered through spec_utils' context
+        if isinstance(draft, FakeDraft):
+            return mock.patch.object(fkv, "draft_tp_context", draft.draft_tp_context)
     return nullcontext()
 
 

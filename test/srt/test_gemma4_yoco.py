@@ -5,7 +5,6 @@ for both tiny models (backends' back-half metadata: test_attention_back_half_met
 """
 
 import dataclasses
-import importlib.metadata
 import os
 import random
 import threading
@@ -19,6 +18,7 @@ from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixtu
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from release import RELEASE
 
 from sglang.srt.layers import kv_sharing_fast_prefill as yoco_model
 from sglang.srt.model_executor import kv_sharing_fast_prefill_plan as yoco
@@ -287,9 +287,9 @@ def test_the_back_half_runs_each_finishing_requests_last_token_with_its_per_laye
     assert torch.equal(got.index_select(dim, keep), hidden.index_select(dim, keep))
     assert got is not hidden  # out of place: the input may be a captured aux state
     assert_same_state(be, before)
-    # 0.5.23: the pass's residual stream holds the output as written (as its last
-    # layer leaves it, back_half_output); nothing else of the pass is written
-    if "residual_stream" in batch_before:
+    if RELEASE >= (0, 5, 23):
+        # the pass's residual stream holds the output as written (as its last layer
+        # leaves it, back_half_output); nothing else of the pass is written
         fb.residual_stream = batch_before["residual_stream"][0]
     assert_same_batch(fb, batch_before)
 
@@ -539,7 +539,7 @@ def test_input_logprobs_turn_it_off_for_their_batch_only(served):
 
 # One model a release (a pair costs a minute of CI): Gemma-4 on the pinned 0.5.17, Gemma-3n
 # on 0.5.23. Which buffers are left out is unit-tested on a pool: test_pd_kv_shared_buffers.py.
-PD_PAIR_MODEL = "gemma4" if importlib.metadata.version("sglang").startswith("0.5.17") else "gemma3n"
+PD_PAIR_MODEL = "gemma3n" if RELEASE >= (0, 5, 23) else "gemma4"
 
 
 @pytest.mark.stack("yoco-model")
@@ -551,14 +551,14 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
     first token on the prefill server and its whole greedy output on the decode server as
     HF's, and the prefill passes counted fast; a request without bootstrap fields gets a 400."""
     import requests
-    from cpu_engine import LOGPROB_ATOL, assert_same_greedy, server_arg_names
+    from cpu_engine import LOGPROB_ATOL, assert_same_greedy
     from server_process import ServerProcess, free_port
 
     here, boot = os.path.dirname(os.path.abspath(__file__)), free_port()
     env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(here, "pd_stand_in"), os.environ.get("PYTHONPATH")]))}
     decode_args = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"]
-    if "disaggregation_decode_retraction_backup" in server_arg_names():  # 0.5.23's default pins host memory via CUDA
+    if RELEASE >= (0, 5, 23):  # its default retraction backup pins host memory via CUDA
         decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
     servers = [ServerProcess(served.model_dir, [
         "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",

@@ -516,7 +516,8 @@ UNSUPPORTED = {
     "pipeline parallelism": [(dict(pp_size=2), False, ["got pp_size=2"], "--pp-size 1")],
     # --enable-dp-attention is a field on 0.5.17; 0.5.23 resolves it into attn_dp_size
     "DP attention": [(dict(enable_dp_attention=True, dp_size=2, tp_size=2), False,
-                      ["got enable_dp_attention=True", "got attn_dp_size=2"],
+                      ["got attn_dp_size=2"] if RELEASE >= (0, 5, 23)
+                      else ["got enable_dp_attention=True"],
                       "--enable-dp-attention")],
     "context parallelism": [
         (dict(attn_cp_size=2, tp_size=2), False, ["got attn_cp_size=2"], "--attn-cp-size 1"),

@@ -5,13 +5,13 @@ inputs and geometry are staged and padded, equality with the eager back half, th
 backend's key lists, and when start-up captures.
 """
 
-import importlib.util
 import types
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from release import RELEASE
 from attention_stand_ins import (  # noqa: F401 (_restore_kernels: autouse fixture)
     _restore_kernels, make_batch, make_torch_native_backend, make_triton_backend)
 from test_gemma4_yoco import FIRST_SHARED, planner, stream_back_half, stream_rows
@@ -25,9 +25,6 @@ pytestmark = pytest.mark.stack("yoco-model", step="back-half-cuda-graphs")
 
 END = 8
 HIDDEN, PLE = 6, 3
-# A decoder layer returns (hidden_states, residual) on 0.5.17; on 0.5.23 its
-# output alone (the residual lives in the batch's ResidualStream).
-LAYER_RETURNS_PAIR = importlib.util.find_spec("sglang.srt.layers.layer_boundary") is None
 
 
 class FakeLayer(torch.nn.Module):
@@ -43,11 +40,16 @@ class FakeLayer(torch.nn.Module):
         geo = positions.double() + 0.5 * fb.seq_lens.double() + 0.25 * fb.req_pool_indices.double()
         out = hidden_states * (1.0 + 0.1 * self.i) + geo[:, None]
         out = out + per_layer_input.sum(-1, keepdim=True) * (self.i + 1)
-        return (out, None) if LAYER_RETURNS_PAIR else out
+        if RELEASE >= (0, 5, 23):
+            # a decoder layer returns its output alone (the residual lives in the
+            # batch's ResidualStream)
+            return out
+        return out, None  # a decoder layer returns (hidden_states, residual)
 
 
 class FakeBackend:
-    kv_index_translator = None  # 0.5.23's AttentionBackend default: reads no plan
+    if RELEASE >= (0, 5, 23):
+        kv_index_translator = None  # its AttentionBackend default: reads no plan
 
     def __init__(self):
         self.calls = []

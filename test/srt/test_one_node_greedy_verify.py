@@ -5,12 +5,12 @@ target forward and slot planning stood in); every batch the stock sampling must 
 through, and the worker gets the tail only where its verify needs nothing per step.
 """
 
-import inspect
 import types
 from contextlib import nullcontext
 
 import pytest
 import torch
+from release import RELEASE
 from test_frozen_kv_mtp_adaptive import gemma4_model_config
 from triton_interpret import print_result, run_as_script
 
@@ -22,12 +22,6 @@ pytestmark = pytest.mark.stack("frozen-kv-mtp-speed", step="one-node-greedy-veri
 
 VOCAB = 64
 HIDDEN = 8
-
-
-def _verify_takes(name):
-    from sglang.srt.speculative import eagle_worker_common as common
-
-    return name in inspect.signature(common.run_eagle_verify).parameters
 
 
 def sampling(**kw):
@@ -70,19 +64,20 @@ def verify_round(batch, logits, tail):
     common.eagle_prepare_for_verify = lambda *a: (forward_batch, True)
     common.record_stream_for_v2_verify = lambda *a: None
     common.record_stream_each = lambda *a: None
+    runner = types.SimpleNamespace(model_config=gemma4_model_config())
+    if RELEASE >= (0, 5, 23):  # its verify asks for a watermark and the verify mask's mode
+        runner.watermark_state = None
+        runner.attn_backend = types.SimpleNamespace(verify_mask=None)
     target = types.SimpleNamespace(
-        model_runner=types.SimpleNamespace(
-            model_config=gemma4_model_config(),
-            # 0.5.23's verify asks for a watermark and the verify mask's mode
-            watermark_state=None,
-            attn_backend=types.SimpleNamespace(verify_mask=None),
-        ),
+        model_runner=runner,
         forward_batch_generation=lambda **kw: types.SimpleNamespace(
             logits_output=logits_output, routed_experts_output=None, indexer_topk_output=None
         ),
     )
-    # 0.5.17's verify takes the step count; 0.5.23's reads it from the input
-    steps = dict(num_steps=0) if _verify_takes("num_steps") else {}
+    if RELEASE >= (0, 5, 23):
+        steps = {}  # its verify reads the step count from the input
+    else:
+        steps = dict(num_steps=0)  # its verify takes the step count
     result = common.run_eagle_verify(
         batch, target_worker=target, req_to_token_pool=None,
         token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: object()), plan_stream=None,
@@ -113,11 +108,9 @@ def _check():
 
     # as test/srt/mtp_cpu_shim: stock's Triton verify kernel on this machine
     eagle_utils._is_xpu = True
-    try:  # 0.5.23 moved the greedy verify's gate here
+    if RELEASE >= (0, 5, 23):  # it moved the greedy verify's gate here
         from sglang.kernels.ops.speculative import spec_tree
-    except ImportError:
-        spec_tree = None
-    if spec_tree is not None:
+
         spec_tree._is_xpu = True
     with published(frozen_args(speculative_num_steps=0, speculative_num_draft_tokens=1)):
         # 0.5.23's eagle_sample reads the speculative config from the context

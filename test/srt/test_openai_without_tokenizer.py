@@ -7,6 +7,7 @@ manager; test_request_validation.py sends the same requests to a real server.
 from types import SimpleNamespace as NS
 
 import pytest
+from release import RELEASE
 
 from bad_requests import NEEDS_TOKENIZER, error_message  # each route failed inside its handler
 
@@ -16,11 +17,10 @@ pytestmark = pytest.mark.stack("generic-fixes")
 def _completion_serving(monkeypatch):
     from sglang.srt.entrypoints.openai import serving_completions
 
-    # 0.5.17 reads the server's settings from the tokenizer manager, 0.5.23 from the
-    # published "serving" namespace
+    # the server's settings, as the tokenizer manager holds them
     serving_args = NS(enable_cache_report=False)
-    monkeypatch.setattr(serving_completions, "get_serving", lambda: serving_args,
-                        raising=False)
+    if RELEASE >= (0, 5, 23):  # it reads them from the published "serving" namespace
+        monkeypatch.setattr(serving_completions, "get_serving", lambda: serving_args)
     tokenizer_manager = NS(tokenizer=None, server_args=serving_args)
     return serving_completions.OpenAIServingCompletion(
         tokenizer_manager, NS(completion_template_name=None))

@@ -8,12 +8,10 @@ import types
 
 import pytest
 import torch
-
+from release import RELEASE
 from test_frozen_kv_mtp_adaptive import DEFAULT_CANDIDATES, build_worker, frozen_args
 from triton_interpret import print_result, run_as_script
 
-from sglang.kernels.ops.speculative import cache_locs
-from sglang.kernels.ops.speculative import eagle as eagle_kernels
 from sglang.srt.speculative import eagle_worker_v2
 from sglang.srt.speculative import spec_decode_kernel_launches as launches
 from sglang.srt.speculative import spec_decode_kernel_warmup as warmup
@@ -25,11 +23,6 @@ MAX_BS = 80
 POOL_LEN = 64
 CONFIGS = [(0, 1), (1, 2), (3, 4)]
 TREE_CONFIGS = [(3, 8)]  # topk > 1: more draft tokens than steps + 1
-
-# The one capability switch. 0.5.23 commits a verify through one fused kernel
-# (prepare_verify_commit_outputs) on CUDA and ROCm; 0.5.17 fills the bonus
-# tokens with fill_bonus_tokens.
-FUSED_COMMIT = hasattr(eagle_kernels, "prepare_verify_commit_outputs")
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed", step="spec-decode-kernel-warmup", fails_before=True)
@@ -83,13 +76,18 @@ def _check():
 
         return Grid()
 
-    if FUSED_COMMIT:
-        # The verify-side kernels are launched through the round's own functions;
-        # they pick the Triton kernel on a CUDA-like device only.
+    if RELEASE >= (0, 5, 23):
+        # It commits a verify through one fused kernel (prepare_verify_commit_outputs)
+        # on CUDA and ROCm. The verify-side kernels are launched through the round's
+        # own functions; they pick the Triton kernel on a CUDA-like device only.
+        from sglang.kernels.ops.speculative import cache_locs
+        from sglang.kernels.ops.speculative import eagle as eagle_kernels
+
         cache_locs._is_cuda = True
         kernels = [(warmup, "assign_req_to_token_pool"), (cache_locs, "assign_extend_cache_locs_uniform"),
                    (eagle_kernels, "_verify_commit_outputs_kernel")]
     else:
+        # it fills the bonus tokens with fill_bonus_tokens
         kernels = [(warmup, "assign_req_to_token_pool"), (launches, "assign_extend_cache_locs_uniform"),
                    (launches, "fill_bonus_tokens")]
     for module, name in kernels:
