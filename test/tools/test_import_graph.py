@@ -8,18 +8,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _imports(path: Path) -> set:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):  # TYPE_CHECKING and lazy ones too
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return names
+
+
 def import_graph(tree: Path) -> dict:
     mods = {".".join(p.relative_to(tree).with_suffix("").parts): p for p in tree.rglob("*.py")}
-    graph = {}
-    for mod, path in mods.items():
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-            elif isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-        graph[mod] = sorted(n for n in names if n in mods and n != mod)
-    return graph
+    return {mod: sorted(n for n in _imports(path) if n in mods and n != mod)
+            for mod, path in mods.items()}
 
 
 def cycles(graph: dict) -> list:
@@ -74,16 +76,6 @@ def _installed_sglang():
 
     spec = importlib.util.find_spec("sglang")  # locates the package, runs none of it
     return Path(next(iter(spec.submodule_search_locations))).parent
-
-
-def _imports(path: Path) -> set:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):  # TYPE_CHECKING and lazy ones too
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        elif isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-    return names
 
 
 def through_upstream(site: Path, fork_modules: set) -> dict:
