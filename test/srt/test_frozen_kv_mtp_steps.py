@@ -1,10 +1,12 @@
-"""FROZEN_KV_MTP at 3, 4 and 5 draft steps under concurrency equals no speculation.
+"""FROZEN_KV_MTP at 4, 5 and 7 draft steps under concurrency equals no speculation.
 
 An index mixing up batch size and draft-token count shows only at concurrency and beyond
 3 steps (upstream sgl-project/sglang#32666). One engine per step count serves three
 greedy requests at once (batch 3 -> 2 -> 1), each equal to HF's. Drafts come from
 mtp_cpu_shim/'s oracle drafter, right for the first d tokens of a round so that every
-acceptance length runs (checked). Smallest models keeping each kind of layer (CI time).
+acceptance length runs (checked). Every decode round runs under mtp_cpu_shim/'s host
+sync probe: none reads a value back from the device (see test_frozen_kv_mtp_host_sync.py).
+Smallest models keeping each kind of layer (CI time).
 """
 import json
 import os
@@ -27,7 +29,8 @@ TARGET_CONFIG = dict(GEMMA4_TEXT_CONFIG, num_hidden_layers=4, num_kv_shared_laye
                      layer_types=[SLIDING, FULL] * 2, num_attention_heads=2,
                      num_key_value_heads=1)
 PROMPT_LENGTHS = [9, 20, 33]
-NEW_TOKENS = [8, 9, 11]
+# per step count: enough that the three requests' rounds together accept every length
+NEW_TOKENS = {4: [8, 9, 11], 5: [8, 9, 11], 7: [18, 26, 12]}
 OFFSETS = [4, 6, 2]
 
 
@@ -46,11 +49,12 @@ def setup(tmp_path_factory):
         json.dump(cfg, f, indent=1)
     hf = HFReference(target)
     prompts, want = [], []
-    for length, n in zip(PROMPT_LENGTHS, NEW_TOKENS):
+    longest = [max(n) for n in zip(*NEW_TOKENS.values())]
+    for length, n in zip(PROMPT_LENGTHS, longest):
         # the first prompt of this length whose greedy continuation has no near-tie
         for seed in range(16):
             prompt = [(7 * length + 3 * j + 11 * seed) % 500 + 5 for j in range(length)]
-            tokens, _, margin = hf.greedy(prompt, n + 6)  # the oracle drafts past the end
+            tokens, _, margin = hf.greedy(prompt, n + 8)  # the oracle drafts past the end
             if margin >= 1e-3:
                 break
         else:
@@ -70,7 +74,7 @@ def setup(tmp_path_factory):
         # the chain verify is upstream's SGLANG_ENABLE_SPLITKV_VERIFY, selected on CUDA
         # only unless the shim lets this CPU pass
         env.update(SGLANG_ENABLE_SPLITKV_VERIFY="1", SGLANG_TEST_CHAIN_VERIFY_ON_CPU="1")
-    yield target, draft, env, prompts, [w[:n] for w, n in zip(want, NEW_TOKENS)]
+    yield target, draft, env, prompts, want
 
 
 # The stack's verify as served by default: 0.5.17's chain verify (its default since
@@ -79,26 +83,29 @@ def setup(tmp_path_factory):
 # stack 06 is not whole yet (a base leaves out such a stack's stack tests), so there it
 # is its step's test.
 @pytest.mark.stack("frozen-kv-mtp-speed", bases=("0.5.17",))
-@pytest.mark.parametrize("steps", [3, 4, 5])
-def test_mtp_steps_under_concurrency_equal_no_speculation(setup, steps):
-    check_steps(setup, steps)
+@pytest.mark.parametrize("steps", sorted(NEW_TOKENS))
+def test_mtp_steps_under_concurrency_equal_no_speculation(setup, steps, tmp_path):
+    check_steps(setup, steps, tmp_path)
 
 
-@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-split-kv-verify-mode",
+@pytest.mark.stack("frozen-kv-mtp-speed", step="frozen-kv-mtp-draft-host-length-sum",
                    bases=("0.5.23",))
-@pytest.mark.parametrize("steps", [3, 4, 5])
-def test_mtp_steps_under_concurrency_equal_no_speculation_upstream_splitkv(setup, steps):
-    check_steps(setup, steps)
+@pytest.mark.parametrize("steps", sorted(NEW_TOKENS))
+def test_mtp_steps_under_concurrency_equal_no_speculation_upstream_splitkv(setup, steps, tmp_path):
+    check_steps(setup, steps, tmp_path)
 
 
-def check_steps(setup, steps):
-    target, draft, env, prompts, want = setup
-    with environ(env):
+def check_steps(setup, steps, tmp_path):
+    target, draft, env, prompts, reference = setup
+    new_tokens = NEW_TOKENS[steps]
+    want = [w[:n] for w, n in zip(reference, new_tokens)]
+    syncs = tmp_path / "host_syncs.log"
+    with environ({**env, "SGLANG_TEST_MTP_HOST_SYNC_LOG": str(syncs)}):
         eng = start_engine(target, **TRITON_ENGINE, **mtp_kwargs(draft, steps))
     try:
         outs = eng.generate(
             input_ids=prompts,
-            sampling_params=[{"max_new_tokens": n, "temperature": 0.0} for n in NEW_TOKENS],
+            sampling_params=[{"max_new_tokens": n, "temperature": 0.0} for n in new_tokens],
         )
     finally:
         eng.shutdown()
@@ -114,3 +121,42 @@ def check_steps(setup, steps):
         for k, n in enumerate(o["meta_info"]["spec_correct_drafts_histogram"]):
             accepted[k] += n
     assert all(accepted), accepted
+    # no round blocks the host on the device (mtp_cpu_shim/host_sync_probe.py): the
+    # host prepares and launches the next round while the device runs this one
+    log = syncs.read_text().splitlines()
+    assert "round" in log, "the probe saw no decode round"
+    assert not [r for r in log if r != "round"], sorted(set(log) - {"round"})
+
+
+@pytest.mark.stack("frozen-kv-mtp-speed", step="frozen-kv-mtp-draft-host-length-sum")
+@pytest.mark.parametrize("steps", sorted(NEW_TOKENS))
+def test_verify_mask_holds_each_request_s_rows(steps, monkeypatch):
+    """The verify mask at steps + 1 draft tokens D: a request of L keys has D rows of
+    L + D cells, and the sizes that hold the mask count each once. The lengths exclude
+    the draft tokens, which the verify adds itself: the term sgl-project/sglang#32691
+    drops (its premise, a double count, is wrong: with it these sizes come short)."""
+    import torch
+    from sglang.srt.layers.attention.verify_mask import tree_mask_numel
+    from sglang.srt.speculative import eagle_info
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+    d, lens, max_ctx = steps + 1, [3, 40, 90], 128
+    cells = sum(d * (n + d) for n in lens)
+    # the buffer CUDA graphs verify into: every request at the longest context fits
+    assert tree_mask_numel(TreeMaskMode.FULL_MASK, len(lens), d, max_ctx) == len(lens) * d * (max_ctx + d)
+    # the mask a backend without such a buffer pads to (flashinfer's verify arguments)
+    spec = eagle_info.EagleVerifyInput.__new__(eagle_info.EagleVerifyInput)
+    spec.draft_token_num, spec.custom_mask = d, torch.ones(0, dtype=torch.bool)
+    rows, seq_lens = torch.arange(len(lens)), torch.tensor(lens)
+    if RELEASE >= (0, 5, 23):
+        translator = type("Translator", (), {"pack_read_stream": lambda self, *a, **k: None})()
+        spec.generate_attn_arg_prefill(req_pool_indices=rows, paged_kernel_lens=seq_lens,
+                                       paged_kernel_lens_sum=sum(lens), translator=translator,
+                                       plan=None)
+    else:
+        class NoLaunch:  # the index fill is not what is checked here
+            def __getitem__(self, grid):
+                return lambda *args, **kwargs: None
+        monkeypatch.setattr(eagle_info, "create_flashinfer_kv_indices_triton", NoLaunch())
+        spec.generate_attn_arg_prefill(rows, seq_lens, sum(lens), torch.zeros(3, max_ctx, dtype=torch.int32))
+    assert spec.custom_mask.numel() == cells

@@ -240,5 +240,26 @@ def test_chain_verify_attends_like_the_extend_kernel():
     assert out["narrower_window_diff"] > 1e-3  # the tolerance sees one key too few
 
 
+
+def test_eager_index_list_is_sized_from_the_host_sum():
+    """The eager verify sizes its key lists without a device sync, from the batch's
+    host length sum, exactly (grouped: one list a request; else one a draft token)."""
+    import torch
+
+    from sglang.srt.layers.attention.triton_chain_verify import (
+        chain_query_lens,
+        eager_kv_indices_len,
+    )
+
+    seq_lens, rows, n = torch.tensor([3, 40, 90]), torch.tensor([1, 2, 3]), 4
+    fb = types.SimpleNamespace(req_pool_indices=rows, seq_lens_sum=int(seq_lens.sum()))
+    grouped = seq_lens + n
+    _, per_row = chain_query_lens(seq_lens, rows, n)
+    for lens in (grouped, per_row):
+        assert eager_kv_indices_len(fb, lens, len(rows) * n) == int(lens.sum())
+    fb.seq_lens_sum = None
+    assert eager_kv_indices_len(fb, per_row, len(rows) * n) == int(per_row.sum())
+
+
 if __name__ == "__main__":
     print_result(_check)

@@ -83,22 +83,3 @@ def test_each_refusal_falls_back_to_the_extend_kernel(select, change, caplog):
     # propagate, again at the root: count records, not deliveries)
     said = {id(r) for r in caplog.records if "split-KV verify: not with" in r.getMessage()}
     assert len(said) == (1 if unwired else 0), caplog.text
-
-
-@pytest.mark.stack("frozen-kv-mtp-speed", step="chain-verify-as-split-kv-verify-mode", fails_before=True, bases=("0.5.23",))
-def test_eager_index_list_is_sized_from_the_host_sum():
-    """The eager verify sizes its key lists without a device sync, from the batch's
-    host length sum, exactly (grouped: one list a request; else one a draft token)."""
-    import torch
-
-    from sglang.srt.layers.attention.triton_chain_verify import chain_query_lens
-    from sglang.srt.layers.attention.triton_chain_verify_release import eager_kv_indices_len
-
-    seq_lens, rows, n = torch.tensor([3, 40, 90]), torch.tensor([1, 2, 3]), 4
-    fb = types.SimpleNamespace(req_pool_indices=rows, seq_lens_sum=int(seq_lens.sum()))
-    grouped = seq_lens + n
-    _, per_row = chain_query_lens(seq_lens, rows, n)
-    for lens in (grouped, per_row):
-        assert eager_kv_indices_len(fb, lens, len(rows) * n) == int(lens.sum())
-    fb.seq_lens_sum = None
-    assert eager_kv_indices_len(fb, per_row, len(rows) * n) == int(per_row.sum())

@@ -99,3 +99,36 @@ if os.environ.get("SGLANG_TEST_MTP_ORACLE_DRAFTS"):
         worker.draft, worker.draft_forward = _draft, _draft_forward
 
     after_import("sglang.srt.speculative.frozen_kv_mtp_worker_v2", _oracle_drafts)
+
+if os.environ.get("SGLANG_TEST_MTP_HOST_SYNC_LOG"):
+    # Each decode round (draft, verify, the next seed) under host_sync_probe: one
+    # "round" line, then one line per read that would block the host on a GPU.
+    def _probe_rounds(worker_module):
+        # by its path: the engine's processes may run with another sys.path by then
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "host_sync_probe", os.path.join(os.path.dirname(__file__), "host_sync_probe.py"))
+        probe_module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(probe_module)
+        HostSyncProbe = probe_module.HostSyncProbe
+
+        worker = worker_module.FrozenKVMTPWorkerV2
+        forward = worker.forward_batch_generation
+
+        def _host_mirrors(*objs):
+            return [v for o in objs if o is not None for k, v in vars(o).items()
+                    if k.endswith("_cpu")]
+
+        def _probed(self, batch, *args, **kwargs):
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+                return forward(self, batch, *args, **kwargs)
+            with HostSyncProbe(host=_host_mirrors(batch, batch.spec_info)) as probe:
+                result = forward(self, batch, *args, **kwargs)
+            with open(os.environ["SGLANG_TEST_MTP_HOST_SYNC_LOG"], "a") as f:
+                f.write("".join(["round\n"] + [r + "\n" for r in probe.reads]))
+            return result
+
+        worker.forward_batch_generation = _probed
+
+    after_import("sglang.srt.speculative.frozen_kv_mtp_worker_v2", _probe_rounds)

@@ -36,7 +36,6 @@ from sglang.srt.layers.attention.triton_chain_verify_grouped import (
 )
 from sglang.srt.layers.attention.triton_chain_verify_release import (
     decode_rows,
-    eager_kv_indices_len,
     fill_key_lists,
     graph_metadata_fields,
     key_list_plan,
@@ -59,6 +58,20 @@ def chain_query_lens(seq_lens, req_pool_indices, n):
     steps = torch.arange(1, n + 1, dtype=seq_lens.dtype, device=seq_lens.device)
     q_seq_lens = (seq_lens[:, None] + steps[None, :]).reshape(-1)
     return req_pool_indices.repeat_interleave(n), q_seq_lens
+
+
+def eager_kv_indices_len(forward_batch, lens, num_rows) -> int:
+    """Entries of the eager index list, from the host's length sum as the
+    extend-shaped verify sizes its own (no device sync): a request's list is its
+    prefix and its n draft tokens; one list per draft token i is its prefix and
+    i + 1 draft tokens. Without a host sum, the exact size (one sync)."""
+    bs = len(forward_batch.req_pool_indices)
+    n = num_rows // bs
+    if forward_batch.seq_lens_sum is None:
+        return int(lens.sum().item())
+    if lens.numel() == bs:
+        return forward_batch.seq_lens_sum + bs * n
+    return n * forward_batch.seq_lens_sum + bs * n * (n + 1) // 2
 
 
 class ChainVerify:

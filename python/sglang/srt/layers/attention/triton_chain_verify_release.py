@@ -57,12 +57,6 @@ def key_list_plan(forward_batch):
     return None
 
 
-def eager_kv_indices_len(forward_batch, lens, num_rows) -> int:
-    """Entries of the eager index list. Exact size (one sync): eager verify runs
-    only off the CUDA-graph path."""
-    return int(lens.sum().item())
-
-
 def fill_key_lists(
     backend,
     update_sliding_window_buffer,

@@ -23,20 +23,6 @@ def key_list_plan(forward_batch):
     return forward_batch.kv_loc_plan
 
 
-def eager_kv_indices_len(forward_batch, lens, num_rows) -> int:
-    """Entries of the eager index list, from the host's length sum as the
-    extend-shaped verify sizes its own (no device sync): a request's list is its
-    prefix and its n draft tokens; one list per draft token i is its prefix and
-    i + 1 draft tokens. Without a host sum, the exact size (one sync)."""
-    bs = len(forward_batch.req_pool_indices)
-    n = num_rows // bs
-    if forward_batch.seq_lens_sum is None:
-        return int(lens.sum().item())
-    if lens.numel() == bs:
-        return forward_batch.seq_lens_sum + bs * n
-    return n * forward_batch.seq_lens_sum + bs * n * (n + 1) // 2
-
-
 def fill_key_lists(
     backend,
     update_sliding_window_buffer,
