@@ -354,11 +354,11 @@ def graph_skip_reason(monkeypatch):
 
     def reason(**over):
         a = {**dict(device="cuda", backend="triton", decode=Backend.FULL, enable_deterministic_inference=False,
-                    dcp_size=1, disaggregation_mode="null", locked=set()), **over}
+                    dcp_size=1, disaggregation_mode="null", locked=set(), decode_bs=[1, 2, 4, 8]), **over}
         return hook.back_half_graph_skip_reason(types.SimpleNamespace(
             view=types.SimpleNamespace(**{k: a[k] for k in (
                 "device", "enable_deterministic_inference", "dcp_size", "disaggregation_mode")}),
-            graphs=types.SimpleNamespace(decode=types.SimpleNamespace(backend=a["decode"])),
+            graphs=types.SimpleNamespace(decode=types.SimpleNamespace(backend=a["decode"], bs=a["decode_bs"])),
             backends=(a["backend"], a["backend"]), locked=a["locked"],
         ))
 
@@ -381,6 +381,10 @@ def test_when_start_up_captures_the_back_half(monkeypatch):
     assert "triton only" in reason(backend="trtllm_mha")
     assert reason(enable_deterministic_inference=True) == "--enable-deterministic-inference"
     assert reason(dcp_size=2) == "decode context parallelism"
+    # the back half is captured at the decode graphs' sizes up to 64, decided here (the
+    # graph runner captures at those): none of them, and it runs eager
+    assert reason(decode_bs=[64, 128]) is None
+    assert reason(decode_bs=[80, 96]) == "no decode CUDA graph batch size up to 64 (--cuda-graph-bs)"
     with envs.SGLANG_KV_SHARING_FAST_PREFILL_GRAPH.override(False):
         assert reason() == "SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0"
 

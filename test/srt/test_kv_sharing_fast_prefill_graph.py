@@ -293,12 +293,15 @@ def test_start_up_captures_at_the_decode_batch_sizes_up_to_the_cap(monkeypatch, 
     assert "captured for batch sizes [1, 2, 4, 8, 16, 24, 32, 48, 64]" in caplog.text
 
 
-def test_start_up_captures_nothing_without_a_decode_graph_size_that_fits(monkeypatch, caplog):
+def test_start_up_never_falls_back_at_capture(monkeypatch):
+    # whether the back half is captured is decided once, at start-up (the hook's
+    # back_half_graph_skip_reason, on the same sizes): the graph runner does not decide
+    # again, and says why it cannot capture where a size the hook saw was dropped
     attn, made = _start_up(monkeypatch)
-    with caplog.at_level("INFO", logger=kr.__name__):
-        g = kr.KVSharedBackHalfGraphRunner.capture_for(_model_runner([80, 96]), back_half(), attn)
-    assert g is None and made == []
-    assert "back half runs eager (no decode graph batch size up to 64)" in caplog.text
+    with pytest.raises(RuntimeError, match="no decode CUDA graph batch size up to 64"):
+        kr.KVSharedBackHalfGraphRunner.capture_for(_model_runner([80, 96]), back_half(), attn)
+    assert made == []
+    assert kr.capture_batch_sizes([128, 64, 1, 96, 8]) == [1, 8, 64]
 
 
 @pytest.mark.parametrize("decided", [True, False])

@@ -283,6 +283,13 @@ def back_half_graph_skip_reason(server_args: ServerArgs) -> Optional[str]:
         return "--enable-deterministic-inference"
     if (view.dcp_size or 1) > 1:
         return "decode context parallelism"
+    from sglang.srt.model_executor.runner.kv_shared_back_half_graph_runner import (
+        MAX_BS,
+        capture_batch_sizes,
+    )
+
+    if not capture_batch_sizes(settings.cuda_graph_config(server_args).decode.bs):
+        return f"no decode CUDA graph batch size up to {MAX_BS} (--cuda-graph-bs)"
     return None
 
 

@@ -60,6 +60,13 @@ logger = logging.getLogger(__name__)
 MAX_BS = 64
 
 
+def capture_batch_sizes(decode_bs: List[int]) -> List[int]:
+    """The batch sizes the back half is captured at: the decode graphs' up to
+    MAX_BS. Start-up captures the back half only where there is one
+    (``back_half_graph_skip_reason``), and else runs it eager."""
+    return sorted(bs for bs in decode_bs or () if bs <= MAX_BS)
+
+
 class KVSharedBackHalfGraphRunner:
     """A model's KV-shared back half, captured at the decode graphs' batch sizes
     up to MAX_BS."""
@@ -107,19 +114,18 @@ class KVSharedBackHalfGraphRunner:
         model_runner: ModelRunner,
         back_half: KVSharedBackHalf,
         attention: BackHalfAttention,
-    ) -> Optional[KVSharedBackHalfGraphRunner]:
-        """The back half captured in ``attention`` (its backend is triton), or
-        None where no decode graph batch size fits (logged)."""
-        capture_bs = [
-            bs for bs in get_batch_sizes_to_capture(model_runner)[0] if bs <= MAX_BS
-        ]
+    ) -> KVSharedBackHalfGraphRunner:
+        """The back half captured in ``attention`` (its backend is triton)."""
+        # The decode graphs' sizes as the model runner captures them (within
+        # the request pool, which adds its own size where it is the smaller).
+        capture_bs = capture_batch_sizes(get_batch_sizes_to_capture(model_runner)[0])
         if not capture_bs:
-            logger.info(
-                "KV-sharing fast prefill: back half runs eager (no decode graph "
-                "batch size up to %d)",
-                MAX_BS,
+            raise RuntimeError(
+                "--kv-sharing-fast-prefill: no decode CUDA graph batch size up to "
+                f"{MAX_BS} is left to capture the back half at; give --cuda-graph-bs "
+                "a smaller size, or set SGLANG_KV_SHARING_FAST_PREFILL_GRAPH=0 to "
+                "run it eager."
             )
-            return None
         attention.backend.init_cuda_graph_state(max(capture_bs), max(capture_bs))
         runner = cls(
             back_half, attention, capture_bs, model_runner.dtype, model_runner.device
