@@ -10,7 +10,8 @@ pass alone with SGLang's own `python -m sglang.bench_one_batch` (model runner in
 process, synchronize before and after `extend`), one process per mode, each
 (batch, length) --repeats times; median reported.
 
-modes: off; on (default --kv-sharing-fast-prefill-min-tokens); on-all (min tokens 0:
+modes: off; off-stock-kernel (off, with stock's triton extend kernels: sliding-window
+loops from key 0, as before step 02/0023); on (default --kv-sharing-fast-prefill-min-tokens); on-all (min tokens 0:
 the fast path on every pass); ceiling (on-all without its back half, the same model:
 checkpoints.ceiling_kwargs). --rounds R runs the mode list R times, one process
 per mode each time, and pools each mode's passes (processes alternate, so a slow spell
@@ -39,11 +40,16 @@ MODE_FLAGS = {
     # on-all without its back half (yoco_ceiling.py, on the PYTHONPATH of mode_env)
     "ceiling": ["--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0",
                 "--forward-hooks", json.dumps(CEILING_HOOKS)],
+    # off with stock's triton extend kernels (stock_extend_kernel/sitecustomize.py)
+    "off-stock-kernel": [],
 }
+STOCK_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stock_extend_kernel")
 
 
 def mode_env(mode):
     env = dict(os.environ, SGLANG_DUMMY_WEIGHTS_AT_SCALE="1")
+    if mode == "off-stock-kernel":
+        env["PYTHONPATH"] = os.pathsep.join([STOCK_KERNEL] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return ceiling_env(env) if mode == "ceiling" else env
 
 

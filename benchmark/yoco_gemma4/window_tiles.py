@@ -80,19 +80,32 @@ def layer_shapes(path, interpret):
     }
 
 
-def stock_module(ea, loops):
-    """The installed module with `loops` from key 0, loaded from a rewritten copy."""
-    with open(ea.__file__) as f:
+def stock_source_file(path, loops):
+    """A copy of the extend kernels' module at `path` with `loops` from key 0 (stock's),
+    written to a file of its own: Triton reads a kernel's source from its file."""
+    with open(path) as f:
         src = f.read()
     for name in loops:
         new, old = LOOPS[name]
         if src.count(new) != 1:
-            sys.exit(f"{ea.__file__}: no loop '{new}' (is step 02/0023 installed?)")
+            sys.exit(f"{path}: no loop '{new}' (is step 02/0023 installed?)")
         src = src.replace(new, old)
-    path = os.path.join(tempfile.mkdtemp(), "stock_extend_attention.py")
-    with open(path, "w") as f:
+    out = os.path.join(tempfile.mkdtemp(), "stock_extend_attention.py")
+    with open(out, "w") as f:
         f.write(src)
-    spec = importlib.util.spec_from_file_location("stock_extend_attention", path)
+    return out
+
+
+def release_loops():
+    """The loops step 02/0023 bounds on the installed release (None: unknown)."""
+    version = importlib.metadata.version("sglang").split("+")[0]
+    return STEP_LOOPS.get(".".join(version.split(".")[:3]))
+
+
+def stock_module(ea, loops):
+    """The installed module with `loops` from key 0, loaded from a rewritten copy."""
+    spec = importlib.util.spec_from_file_location(
+        "stock_extend_attention", stock_source_file(ea.__file__, loops))
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -121,11 +134,9 @@ def main():
 
     device = "cpu" if args.interpret else "cuda"
     dtype = torch.float32 if args.interpret else torch.bfloat16
-    version = importlib.metadata.version("sglang").split("+")[0]
-    loops = (args.stock_loops.split(",") if args.stock_loops
-             else STEP_LOOPS.get(".".join(version.split(".")[:3])))
+    loops = args.stock_loops.split(",") if args.stock_loops else release_loops()
     if loops is None:
-        sys.exit(f"sglang {version}: say which loops stock starts at key 0 (--stock-loops)")
+        sys.exit("this sglang release: say which loops stock starts at key 0 (--stock-loops)")
     stock = stock_module(ea, loops)
     shapes = layer_shapes(args.config, args.interpret)
     radius = shapes["window"] - 1  # Gemma: sliding_window_size = config.sliding_window - 1
