@@ -80,20 +80,42 @@ def layer_shapes(path, interpret):
     }
 
 
-def stock_source_file(path, loops):
-    """A copy of the extend kernels' module at `path` with `loops` from key 0 (stock's),
-    written to a file of its own: Triton reads a kernel's source from its file."""
-    with open(path) as f:
-        src = f.read()
+def stock_loops(src, loops):
+    """`src` with `loops` from key 0 (stock's), and how often each bounded loop was found."""
+    found = {}
     for name in loops:
         new, old = LOOPS[name]
-        if src.count(new) != 1:
-            sys.exit(f"{path}: no loop '{new}' (is step 02/0023 installed?)")
+        found[name] = src.count(new)
         src = src.replace(new, old)
-    out = os.path.join(tempfile.mkdtemp(), "stock_extend_attention.py")
-    with open(out, "w") as f:
+    return src, found
+
+
+def _source_file(src):
+    """`src` in a file of its own: Triton reads a kernel's source from its file."""
+    path = os.path.join(tempfile.mkdtemp(), "stock_extend_attention.py")
+    with open(path, "w") as f:
         f.write(src)
-    return out
+    return path
+
+
+def module_from_source(src):
+    """The extend kernels' module run from `src` (as stock_extend_attention)."""
+    spec = importlib.util.spec_from_file_location("stock_extend_attention", _source_file(src))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def stock_source_file(path, loops):
+    """A copy of the extend kernels' module at `path` with `loops` from key 0 (each
+    must be there once), in a file of its own."""
+    with open(path) as f:
+        src, found = stock_loops(f.read(), loops)
+    missing = [LOOPS[n][0] for n, c in found.items() if c != 1]
+    if missing:
+        raise ValueError(f"{path}: no single loop {missing} (is step 02/0023 installed?)")
+    return _source_file(src)
 
 
 def release_loops():
@@ -104,12 +126,8 @@ def release_loops():
 
 def stock_module(ea, loops):
     """The installed module with `loops` from key 0, loaded from a rewritten copy."""
-    spec = importlib.util.spec_from_file_location(
-        "stock_extend_attention", stock_source_file(ea.__file__, loops))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    with open(stock_source_file(ea.__file__, loops)) as f:
+        return module_from_source(f.read())
 
 
 def window_floor(n, prefix, radius, shapes, head_dim, peak_tflops, peak_tbps):

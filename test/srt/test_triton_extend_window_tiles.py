@@ -17,26 +17,22 @@ from its own source; fp32, so a changed summation shows.
 """
 
 import functools
-import importlib.util
 import os
 import sys
-import tempfile
 import zlib
 
 import pytest
 
 from triton_interpret import print_result, run_as_script
 
+# The loops the step bounds, and stock's (from key 0): the GPU timing's rewrite.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmark", "yoco_gemma4"))
+import window_tiles  # noqa: E402
+
 pytestmark = pytest.mark.stack("generic-fixes", step="triton-extend-window-start-tile")
 
 HEADS, KV_HEADS, HEAD_DIM, POOL = 1, 1, 16, 4096  # one head: the loops are per head
 BATCH = [(0, 130), (70, 37), (200, 1), (5, 70)]  # (prefix keys, new tokens) a request
-# The loops' starts in the installed module and stock's (from key 0, to the list's end).
-STOCK_LOOPS = {
-    "range(prefix_start, ": "range(0, ",
-    "range(extend_start, ": "range(0, ",
-    "range(start_k, end_k, ": "range(0, cur_seq_kv_len, ",
-}
 # Windows a tile size: where the window's first key falls in or at the edge of a tile.
 WINDOWS = {(64, 64): (1, 63, 64, 65, 100), (32, 16): (2, 15, 17), (16, 32): (1, 31, 33)}
 
@@ -71,21 +67,11 @@ def _cases():
 
 
 def _stock_module(ea):
-    """The installed extend_attention with its sliding-window loops from key 0."""
+    """The installed extend_attention with its sliding-window loops from key 0, and
+    how often each bounded loop was found (none before the step)."""
     with open(ea.__file__) as f:
-        src = f.read()
-    found = {}
-    for new, old in STOCK_LOOPS.items():
-        found[new] = src.count(new)
-        src = src.replace(new, old)
-    path = os.path.join(tempfile.mkdtemp(), "stock_extend_attention.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("stock_extend_attention", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod, found
+        src, found = window_tiles.stock_loops(f.read(), window_tiles.LOOPS)
+    return window_tiles.module_from_source(src), found
 
 
 VISITS = []
