@@ -12,19 +12,18 @@ request whose decode request never comes (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOU
 line per probe (status, first 300 characters of the body, seconds).
 """
 import os, sys, threading, time
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "test", "srt"))
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test", "srt")
+sys.path.insert(0, TESTS)
 from server_process import ServerProcess, free_port
 from tiny_gemma import make_tiny_gemma4
 import requests
 
 tmp = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/pd_faults"); os.makedirs(tmp, exist_ok=True)
 model = make_tiny_gemma4(os.path.join(tmp, "model"))
-here = os.path.join(HERE, "..", "..", "test", "srt")
 boot = free_port()
 env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": tmp,
        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "20",
-       "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(here, "pd_stand_in"), os.environ.get("PYTHONPATH")]))}
+       "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(TESTS, "pd_stand_in"), os.environ.get("PYTHONPATH")]))}
 P = ServerProcess(model, ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
                           "--disaggregation-bootstrap-port", str(boot)], name="pd-prefill", env=env)
 D = ServerProcess(model, ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"], name="pd-decode", env=env)
@@ -58,7 +57,6 @@ def info(s):
 print("normal", pair(1), flush=True)
 # 1. a decode request naming an unreachable bootstrap port (nobody listens)
 bad = free_port()
-t = time.time()
 print("decode unreachable port", _post(D, {"input_ids": [5, 6, 7], "bootstrap_host": "127.0.0.1", "bootstrap_port": bad,
       "bootstrap_room": 99, "sampling_params": {"max_new_tokens": 2}}, 120), flush=True)
 print("alive", P.alive(), D.alive(), "normal after", pair(2), flush=True)
@@ -73,7 +71,6 @@ a = threading.Thread(target=go, args=("a", p1)); b = threading.Thread(target=go,
 a.start(); b.start(); a.join(); b.join()
 print("room reuse: same outputs as alone", {k: (res[k][1][0], res[k][1][1].split(',"meta_info"')[0] == alone[k][1].split(',"meta_info"')[0]) for k in res}, flush=True)
 print("alive", P.alive(), D.alive(), "normal after", pair(3), flush=True)
-# 3. prefill request whose decode never comes
 # 3. a prefill request whose decode request never comes
 print("prefill alone", _post(P, {"input_ids": [5, 6, 7], "bootstrap_host": "127.0.0.1", "bootstrap_port": boot,
       "bootstrap_room": 55, "sampling_params": {"max_new_tokens": 2}}, 120), flush=True)

@@ -98,13 +98,18 @@ def _source_file(src):
     return path
 
 
-def module_from_source(src):
-    """The extend kernels' module run from `src` (as stock_extend_attention)."""
-    spec = importlib.util.spec_from_file_location("stock_extend_attention", _source_file(src))
+def _load(path):
+    """The extend kernels' module run from the file at `path` (as stock_extend_attention)."""
+    spec = importlib.util.spec_from_file_location("stock_extend_attention", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def module_from_source(src):
+    """The extend kernels' module run from `src` (as stock_extend_attention)."""
+    return _load(_source_file(src))
 
 
 def stock_source_file(path, loops):
@@ -126,8 +131,7 @@ def release_loops():
 
 def stock_module(ea, loops):
     """The installed module with `loops` from key 0, loaded from a rewritten copy."""
-    with open(stock_source_file(ea.__file__, loops)) as f:
-        return module_from_source(f.read())
+    return _load(stock_source_file(ea.__file__, loops))
 
 
 def window_floor(n, prefix, radius, shapes, head_dim, peak_tflops, peak_tbps):

@@ -14,31 +14,12 @@ import sys
 LOG = os.environ.get("SGLANG_BENCH_ROUND_SYNC_LOG")
 
 
-class _PatchOnImport:
-    NAME = "sglang.srt.speculative.frozen_kv_mtp_worker_v2"
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.NAME:
-            return None
-        import importlib.util
-
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        run = spec.loader.exec_module
-
-        def exec_and_patch(module):
-            run(module)
-            _probe_rounds(module.FrozenKVMTPWorkerV2)
-
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
-def _probe_rounds(worker):
+def _probe_rounds(worker_module):
     import warnings
 
     import torch
 
+    worker = worker_module.FrozenKVMTPWorkerV2
     forward = worker.forward_batch_generation
 
     def probed(self, batch, *args, **kwargs):
@@ -64,4 +45,9 @@ def _probe_rounds(worker):
 
 
 if LOG:
-    sys.meta_path.insert(0, _PatchOnImport())
+    # the CPU tests' import hook (test/srt/mtp_cpu_shim/after_import.py)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", "test", "srt", "mtp_cpu_shim"))
+    from after_import import after_import
+
+    after_import("sglang.srt.speculative.frozen_kv_mtp_worker_v2", _probe_rounds)
