@@ -69,8 +69,18 @@ def go(k, p):
     res[k] = pair(7, prompt=p, new=16)
 a = threading.Thread(target=go, args=("a", p1)); b = threading.Thread(target=go, args=("b", p2))
 a.start(); b.start(); a.join(); b.join()
-print("room reuse: same outputs as alone", {k: (res[k][1][0], res[k][1][1].split(',"meta_info"')[0] == alone[k][1].split(',"meta_info"')[0]) for k in res}, flush=True)
+print("room reuse: (prefill, decode) status, decode output as alone",
+      {k: (res[k][0][0], res[k][1][0], res[k][1][1].split(',"meta_info"')[0] == alone[k][1].split(',"meta_info"')[0])
+       for k in res}, {k: (res[k][0][1][:160], res[k][1][1][:160]) for k in res}, flush=True)
 print("alive", P.alive(), D.alive(), "normal after", pair(3), flush=True)
+# 2b. the room reused while its first request decodes (its prefill done)
+res = {}
+a = threading.Thread(target=go, args=("a", p1)); a.start(); time.sleep(1.0)
+res["b"] = pair(7, prompt=p2, new=16, to=60); a.join()
+print("room reused mid-decode: (prefill, decode) status, decode output as alone",
+      {k: (res[k][0][0], res[k][1][0], res[k][1][1].split(',"meta_info"')[0] == alone[k][1].split(',"meta_info"')[0])
+       for k in res}, {k: (res[k][0][1][:160], res[k][1][1][:160], res[k][0][2], res[k][1][2]) for k in res}, flush=True)
+print("alive", P.alive(), D.alive(), "normal after", pair(5), flush=True)
 # 3. a prefill request whose decode request never comes
 print("prefill alone", _post(P, {"input_ids": [5, 6, 7], "bootstrap_host": "127.0.0.1", "bootstrap_port": boot,
       "bootstrap_room": 55, "sampling_params": {"max_new_tokens": 2}}, 120), flush=True)

@@ -122,7 +122,16 @@ def test_triton_decode_matches_hf(setup):
 
 @pytest.mark.stack("generic-fixes")
 def test_mtp_matches_hf(setup):
-    assert mtp(setup) == setup[3]
+    with mtp_engine(setup) as generate:
+        assert generate() == setup[3]
+        # a sampled request's seed would decide its first token only (the verify draws
+        # without it): refused with the reason (step per-request-sampling-seed); a seeded
+        # greedy request is served
+        prompt, sample = setup[2][0], {"max_new_tokens": 2, "sampling_seed": 5}
+        with pytest.raises(ValueError, match=r"runs speculative decoding \(--speculative-algorithm"):
+            generate.engine.generate(input_ids=prompt, sampling_params={**sample, "temperature": 1.0})
+        out = generate.engine.generate(input_ids=prompt, sampling_params={**sample, "temperature": 0})
+        assert out["output_ids"] == setup[3][0][:2]
 
 
 @pytest.mark.stack("frozen-kv-mtp-speed")

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import random
 import threading
+import time
 import types
 
 import pytest
@@ -581,12 +582,33 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
             assert tok == toks[0] and abs(lp - lps[0]) <= LOGPROB_ATOL, (len(prompt), tok, toks[0], lp, lps[0])
             got = d.json()["meta_info"]["output_token_logprobs"]
             assert_same_greedy(([t for _, t, _ in got], [v for v, _, _ in got]), (toks, lps), prompt)
+            if room == 1:
+                served_ids = (list(prompt), d.json()["output_ids"])
         info = requests.get(prefill.url + "/get_server_info", timeout=30).json()
         passes = info["internal_states"][0]["kv_sharing_fast_prefill_passes"]
         assert passes.get("fast", 0) >= len(served.ref) - 1, passes  # the warm-up's is one more
         # sent to the decode server alone (no bootstrap): a 400, and it keeps serving
         r = decode.post("/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}})
         assert r.status_code == 400 and "bootstrap_host is missing" in r.text and decode.alive(), r.text
+        # a request under the room of one in flight, on either server (it waits there for its
+        # peer): a 400 naming the room (it stopped the prefill server: step
+        # pd-one-request-per-bootstrap-room); the first then completes as HF's
+        prompt, toks = served_ids
+        for room, (first, second) in ((1000, (prefill, decode)), (1001, (decode, prefill))):
+            body = {"input_ids": list(prompt), "bootstrap_host": "127.0.0.1", "bootstrap_port": boot,
+                    "bootstrap_room": room, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0.0}}
+            out = {}
+            th = threading.Thread(target=lambda: out.update(r=first.post("/generate", body)))
+            th.start()
+            time.sleep(1.0)  # in flight on `first`, waiting for its peer
+            r = first.post("/generate", {**body, "input_ids": [5, 6, 7]})
+            assert r.status_code == 400 and f"bootstrap_room {room} is held by request" in r.text, r.text
+            r = second.post("/generate", body)
+            th.join()
+            d = r if second is decode else out["r"]
+            assert r.status_code == 200 and out["r"].status_code == 200, r.text + out["r"].text
+            assert d.json()["output_ids"] == toks, (room, d.json()["output_ids"], toks)
+        assert prefill.alive() and decode.alive()
     finally:
         for s in servers:
             s.stop()

@@ -175,6 +175,41 @@ def test_a_pd_decode_server_needs_the_bootstrap_host():
         check("decode", input_ids=[[5], [6]], bootstrap_host=["10.0.0.1", None])
 
 
+@pytest.mark.stack("generic-fixes", step="per-request-sampling-seed", fails_before=True)
+def test_a_seed_speculative_decoding_would_not_honour_is_refused_unless_greedy():
+    # where verify draws from the batch's generator, or the drafts follow no seed, the same
+    # seeded request would sample differently with its company, silently
+    import types
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.request_validation import RequestLimits, validate_generate_request
+
+    def check(algorithm, deterministic=False, rejection=False, **params):
+        limits = RequestLimits.of(types.SimpleNamespace(
+            speculative_algorithm=algorithm, enable_deterministic_inference=deterministic,
+            speculative_use_rejection_sampling=rejection))
+        validate_generate_request(GenerateReqInput(input_ids=[5], sampling_params=params),
+                                  VOCAB, limits=limits)
+
+    seeded = {"sampling_seed": 3, "temperature": 0.8}
+    check(None, **seeded)
+    check("FROZEN_KV_MTP", temperature=0.8)
+    check("FROZEN_KV_MTP", **{**seeded, "temperature": 0})
+    check("FROZEN_KV_MTP", **{**seeded, "temperature": 1e-7})
+    check("FROZEN_KV_MTP", **{**seeded, "top_k": 1})
+    check("FROZEN_KV_MTP", deterministic=True, **seeded)  # verify's coins follow each row's seed
+    for params in ({"sampling_seed": 3}, {**seeded, "top_k": 5}):
+        with pytest.raises(ValueError, match=r"sampling_seed is set, but this server runs speculative "
+                           r"decoding \(--speculative-algorithm FROZEN_KV_MTP\), whose verify step samples "
+                           r"from the batch's generator unless --enable-deterministic-inference is on.*"
+                           r"greedy output \(temperature 0\)"):
+            check("FROZEN_KV_MTP", **params)
+    with pytest.raises(ValueError, match=r"\(--speculative-algorithm NGRAM\), whose drafts do not follow"):
+        check("NGRAM", deterministic=True, **seeded)
+    with pytest.raises(ValueError, match=r"EAGLE --speculative-use-rejection-sampling\), whose drafts"):
+        check("EAGLE", deterministic=True, rejection=True, **seeded)
+
+
 @pytest.mark.stack("generic-fixes", step="scheduler-aborts-out-of-vocab-request", fails_before=True)
 def test_scheduler_check():
     from types import SimpleNamespace as NS

@@ -90,6 +90,9 @@ class RequestLimits:
     max_top_logprobs_num: Optional[int] = None
     # a PD decode server: each request names its prefill server's bootstrap host
     needs_bootstrap_host: bool = False
+    # why a seeded request that samples would not repeat its samples (speculative
+    # decoding without seeded verify draws), None where it would
+    seed_not_honoured: Optional[str] = None
 
     @classmethod
     def of(cls, server_args: Any) -> "RequestLimits":
@@ -101,6 +104,7 @@ class RequestLimits:
             max_top_logprobs_num=getattr(server_args, "max_top_logprobs_num", None),
             needs_bootstrap_host=getattr(server_args, "disaggregation_mode", None)
             == "decode",
+            seed_not_honoured=_seed_not_honoured(server_args),
         )
 
 
@@ -110,6 +114,40 @@ def _is_int(x: Any) -> bool:
 
 def _is_real(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _seed_not_honoured(server_args: Any) -> Optional[str]:
+    algorithm = getattr(server_args, "speculative_algorithm", None)
+    if not algorithm:
+        return None
+    # Verify draws its acceptance coins from each row's seed under deterministic
+    # inference only (eagle_utils._seeded_verify_coins), and the drafts repeat only
+    # when they come from the request's own context: not from the shared n-gram
+    # cache, nor from rejection sampling's unseeded draft draws.
+    rejection = getattr(server_args, "speculative_use_rejection_sampling", False)
+    if algorithm.upper() == "NGRAM" or rejection:
+        flag = " --speculative-use-rejection-sampling" if rejection else ""
+        return (
+            f"this server runs speculative decoding (--speculative-algorithm "
+            f"{algorithm}{flag}), whose drafts do not follow a request's seed. Drop "
+            f"the seed, ask for greedy output (temperature 0), or serve without "
+            f"--speculative-algorithm"
+        )
+    if not getattr(server_args, "enable_deterministic_inference", False):
+        return (
+            f"this server runs speculative decoding (--speculative-algorithm "
+            f"{algorithm}), whose verify step samples from the batch's generator "
+            f"unless --enable-deterministic-inference is on. Drop the seed, ask for "
+            f"greedy output (temperature 0), or serve with "
+            f"--enable-deterministic-inference"
+        )
+    return None
+
+
+def _is_greedy(params: dict) -> bool:
+    # SamplingParams treats a temperature below its epsilon as top-k 1
+    temperature, top_k = params.get("temperature"), params.get("top_k")
+    return (_is_real(temperature) and temperature < 1e-6) or top_k == 1
 
 
 def _fail(msg: str) -> None:
@@ -203,6 +241,10 @@ def _check_sampling_params(
             f"{field}.sampling_seed is {seed}, outside the 64-bit range "
             f"[-2**63, 2**63)."
         )
+    if seed is not None and limits.seed_not_honoured and not _is_greedy(params):
+        # Refused rather than answered with samples that change with what the
+        # request is batched with (the seed would decide its first token only).
+        _fail(f"{field}.sampling_seed is set, but {limits.seed_not_honoured}.")
     stop_token_ids = params.get("stop_token_ids")
     if stop_token_ids is not None:
         if isinstance(stop_token_ids, (str, bytes, dict)) or not isinstance(
