@@ -14,6 +14,7 @@ one token a round, so a round's time is its cost). YOCO is off.
 
 import argparse
 import collections
+import hashlib
 import json
 import os
 import sys
@@ -83,6 +84,8 @@ def main():
         "verify_rounds_per_request": verify, "e2e_latency_s": ttft,
         "syncs_per_round": {k: round(v / max(rounds, 1), 3) for k, v in syncs.most_common()},
         "sync_total": sum(syncs.values()),
+        # the greedy outputs, to compare runs of other fork files
+        "outputs_sha1": hashlib.sha1(json.dumps([o["output_ids"] for o in outs]).encode()).hexdigest(),
     }
     print(json.dumps(result, indent=1))
     with open(a.out, "w") as f:
