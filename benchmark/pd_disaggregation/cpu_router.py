@@ -1,0 +1,105 @@
+"""A PD pair on CPU reached through SGLang's own router in PD mode.
+
+    python benchmark/pd_disaggregation/cpu_router.py ROUTER_PYTHON [WORKDIR]
+
+ROUTER_PYTHON: an interpreter with the `sglang-router` package (its own venv:
+`python3 -m venv R && R/bin/pip install sglang-router`). Starts a prefill and a decode
+server (tiny Gemma-4, CPU, mooncake's engine stood in by test/srt/pd_stand_in/, as the CPU
+PD tests start them) and `python -m sglang_router.launch_router --pd-disaggregation` in
+front of them; sends /generate and /v1/completions through the router, and the same
+prompts through the pair directly (the client naming the bootstrap fields), and prints
+whether each output matches, the router's version and its status codes.
+"""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test", "srt")
+sys.path.insert(0, TESTS)
+import requests  # noqa: E402
+from server_process import ServerProcess, free_port  # noqa: E402
+from tiny_gemma import make_tiny_gemma4  # noqa: E402
+
+
+def main():
+    router_python = sys.argv[1]
+    tmp = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else "build/pd_router")
+    os.makedirs(tmp, exist_ok=True)
+    version = subprocess.run([router_python, "-c", "import importlib.metadata as m; print(m.version('sglang-router'))"],
+                             capture_output=True, text=True).stdout.strip()
+    print("sglang-router", version, flush=True)
+    model = make_tiny_gemma4(os.path.join(tmp, "model"))
+    boot = free_port()
+    env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": tmp,
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(TESTS, "pd_stand_in"), os.environ.get("PYTHONPATH")]))}
+    P = ServerProcess(model, ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
+                              "--disaggregation-bootstrap-port", str(boot)], name="pd-prefill", env=env)
+    decode_args = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"]
+    from release import RELEASE
+
+    if RELEASE >= (0, 5, 23):  # its default retraction backup pins host memory via CUDA
+        decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    D = ServerProcess(model, decode_args, name="pd-decode", env=env)
+    router = None
+    try:
+        P.wait_ready()
+        D.wait_ready()
+        port = free_port()
+        log = open(os.path.join(tmp, "router.log"), "w")
+        router = subprocess.Popen([router_python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                                   "--prefill", P.url, str(boot), "--decode", D.url,
+                                   "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        print("router health", requests.get(url + "/health", timeout=5).status_code, flush=True)
+        prompts = [[5, 6, 7, 8, 9, 10], list(range(20, 60)), [300, 301]]
+        for i, prompt in enumerate(prompts):
+            params = {"max_new_tokens": 6, "temperature": 0.0}
+            direct = _pair(P, D, boot, 1000 + i, prompt, params)
+            t = time.time()
+            r = requests.post(url + "/generate", json={"input_ids": prompt, "sampling_params": params}, timeout=120)
+            via = r.json().get("output_ids") if r.status_code == 200 else r.text[:300]
+            print(f"/generate prompt {i}: router {r.status_code} in {time.time() - t:.1f} s, "
+                  f"equal to the direct pair: {via == direct}", via, direct, flush=True)
+        for prompt in (prompts[0], "a b c"):  # token ids (as OpenAI allows), then text
+            r = requests.post(url + "/v1/completions", json={"model": "x", "prompt": prompt, "max_tokens": 6,
+                                                             "temperature": 0}, timeout=120)
+            print(f"/v1/completions prompt {prompt!r}:", r.status_code, r.text[:300], flush=True)
+        # three at once through the router (each gets a room of the router's drawing)
+        outs = [None] * 3
+
+        def go(k):
+            outs[k] = requests.post(url + "/generate", json={"input_ids": prompts[k], "sampling_params": {
+                "max_new_tokens": 6, "temperature": 0.0}}, timeout=120).status_code
+        ths = [threading.Thread(target=go, args=(k,)) for k in range(3)]
+        [t.start() for t in ths]
+        [t.join() for t in ths]
+        print("three at once", outs, "servers alive", P.alive(), D.alive(), flush=True)
+    finally:
+        if router is not None:
+            router.terminate()
+        P.stop()
+        D.stop()
+
+
+def _pair(P, D, boot, room, prompt, params):
+    body = {"input_ids": prompt, "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": room,
+            "sampling_params": params}
+    out = {}
+    th = threading.Thread(target=lambda: out.update(p=requests.post(P.url + "/generate", json=body, timeout=120)))
+    th.start()
+    d = requests.post(D.url + "/generate", json=body, timeout=120)
+    th.join()
+    return d.json().get("output_ids") if d.status_code == 200 else d.text[:200]
+
+
+if __name__ == "__main__":
+    main()
