@@ -1,6 +1,6 @@
 """A PD pair on CPU reached through SGLang's own router in PD mode.
 
-    python benchmark/pd_disaggregation/cpu_router.py ROUTER_PYTHON [WORKDIR]
+    python benchmark/pd_disaggregation/cpu_router.py ROUTER_PYTHON [WORKDIR] [--wait-for-workers]
 
 ROUTER_PYTHON: an interpreter with the `sglang-router` package (its own venv:
 `python3 -m venv R && R/bin/pip install sglang-router`). Starts a prefill and a decode
@@ -9,6 +9,8 @@ PD tests start them) and `python -m sglang_router.launch_router --pd-disaggregat
 front of them; sends /generate and /v1/completions through the router, and the same
 prompts through the pair directly (the client naming the bootstrap fields), and prints
 whether each output matches, the router's version and its status codes.
+--wait-for-workers: first send one-token requests until the router stops answering 503
+(its /health does not wait for its worker checks).
 """
 import os
 import subprocess
@@ -25,7 +27,8 @@ from tiny_gemma import make_tiny_gemma4  # noqa: E402
 
 def main():
     router_python = sys.argv[1]
-    tmp = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else "build/pd_router")
+    args = [a for a in sys.argv[2:] if not a.startswith("--")]
+    tmp = os.path.abspath(args[0] if args else "build/pd_router")
     os.makedirs(tmp, exist_ok=True)
     version = subprocess.run([router_python, "-c", "import importlib.metadata as m; print(m.version('sglang-router'))"],
                              capture_output=True, text=True).stdout.strip()
@@ -60,6 +63,13 @@ def main():
                 pass
             time.sleep(1)
         print("router health", requests.get(url + "/health", timeout=5).status_code, flush=True)
+        if "--wait-for-workers" in sys.argv:
+            # /health answers before the router's worker checks have seen both servers
+            probe = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}}
+            for _ in range(60):
+                if requests.post(url + "/generate", json=probe, timeout=60).status_code != 503:
+                    break
+                time.sleep(1)
         prompts = [[5, 6, 7, 8, 9, 10], list(range(20, 60)), [300, 301]]
         for i, prompt in enumerate(prompts):
             params = {"max_new_tokens": 6, "temperature": 0.0}
