@@ -21,6 +21,7 @@ import time
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test", "srt")
 sys.path.insert(0, TESTS)
 import requests  # noqa: E402
+from release import RELEASE  # noqa: E402
 from server_process import ServerProcess, free_port  # noqa: E402
 from tiny_gemma import make_tiny_gemma4  # noqa: E402
 
@@ -40,17 +41,15 @@ def main():
     P = ServerProcess(model, ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
                               "--disaggregation-bootstrap-port", str(boot)], name="pd-prefill", env=env)
     decode_args = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"]
-    from release import RELEASE
-
     if RELEASE >= (0, 5, 23):  # its default retraction backup pins host memory via CUDA
         decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
     D = ServerProcess(model, decode_args, name="pd-decode", env=env)
     router = None
+    log = open(os.path.join(tmp, "router.log"), "w")
     try:
         P.wait_ready()
         D.wait_ready()
         port = free_port()
-        log = open(os.path.join(tmp, "router.log"), "w")
         router = subprocess.Popen([router_python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                                    "--prefill", P.url, str(boot), "--decode", D.url,
                                    "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
@@ -90,12 +89,16 @@ def main():
             outs[k] = requests.post(url + "/generate", json={"input_ids": prompts[k], "sampling_params": {
                 "max_new_tokens": 6, "temperature": 0.0}}, timeout=120).status_code
         ths = [threading.Thread(target=go, args=(k,)) for k in range(3)]
-        [t.start() for t in ths]
-        [t.join() for t in ths]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
         print("three at once", outs, "servers alive", P.alive(), D.alive(), flush=True)
     finally:
         if router is not None:
             router.terminate()
+            router.wait(timeout=30)
+        log.close()
         P.stop()
         D.stop()
 
