@@ -243,7 +243,8 @@ def test_chain_verify_attends_like_the_extend_kernel():
 
 def test_eager_index_list_is_sized_from_the_host_sum():
     """The eager verify sizes its key lists without a device sync, from the batch's
-    host length sum, exactly (grouped: one list a request; else one a draft token)."""
+    host length sum, exactly (grouped: one list a request; else one a draft token),
+    or without a sum by a req_to_token row a list."""
     import torch
 
     from sglang.srt.layers.attention.triton_chain_verify import (
@@ -256,9 +257,10 @@ def test_eager_index_list_is_sized_from_the_host_sum():
     grouped = seq_lens + n
     _, per_row = chain_query_lens(seq_lens, rows, n)
     for lens in (grouped, per_row):
-        assert eager_kv_indices_len(fb, lens, len(rows) * n) == int(lens.sum())
+        assert eager_kv_indices_len(fb, lens, len(rows) * n, 128) == int(lens.sum())
     fb.seq_lens_sum = None
-    assert eager_kv_indices_len(fb, per_row, len(rows) * n) == int(per_row.sum())
+    for lens in (grouped, per_row):
+        assert eager_kv_indices_len(fb, lens, len(rows) * n, 128) == lens.numel() * 128
 
 
 if __name__ == "__main__":

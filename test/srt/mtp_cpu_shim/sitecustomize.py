@@ -120,13 +120,26 @@ if os.environ.get("SGLANG_TEST_MTP_HOST_SYNC_LOG"):
             return [v for o in objs if o is not None for k, v in vars(o).items()
                     if k.endswith("_cpu")]
 
+        rounds = [0]
+
         def _probed(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
                 return forward(self, batch, *args, **kwargs)
-            with HostSyncProbe(host=_host_mirrors(batch, batch.spec_info)) as probe:
-                result = forward(self, batch, *args, **kwargs)
+            # Every other round without the lengths' host mirror, as a GPU's overlap
+            # scheduler runs the triton backend (it publishes none that no backend reads).
+            rounds[0] += 1
+            mirror = batch.seq_lens_cpu
+            dropped = mirror is not None and rounds[0] % 2 == 0
+            if dropped:
+                batch.seq_lens_cpu = None
+            try:
+                with HostSyncProbe(host=_host_mirrors(batch, batch.spec_info)) as probe:
+                    result = forward(self, batch, *args, **kwargs)
+            finally:
+                batch.seq_lens_cpu = mirror
             with open(os.environ["SGLANG_TEST_MTP_HOST_SYNC_LOG"], "a") as f:
-                f.write("".join(["round\n"] + [r + "\n" for r in probe.reads]))
+                head = "round without mirror\n" if dropped else "round\n"
+                f.write("".join([head] + [r + "\n" for r in probe.reads]))
             return result
 
         worker.forward_batch_generation = _probed

@@ -60,15 +60,18 @@ def chain_query_lens(seq_lens, req_pool_indices, n):
     return req_pool_indices.repeat_interleave(n), q_seq_lens
 
 
-def eager_kv_indices_len(forward_batch, lens, num_rows) -> int:
+def eager_kv_indices_len(forward_batch, lens, num_rows, row_width) -> int:
     """Entries of the eager index list, from the host's length sum as the
     extend-shaped verify sizes its own (no device sync): a request's list is its
     prefix and its n draft tokens; one list per draft token i is its prefix and
-    i + 1 draft tokens. Without a host sum, the exact size (one sync)."""
+    i + 1 draft tokens. Without a host sum (overlap scheduling keeps none for
+    triton), a bound, as triton's decode metadata takes one: no list is longer
+    than a req_to_token row of row_width keys, and the lists are filled on the
+    device, so the surplus is unwritten memory, not a wait for the device."""
     bs = len(forward_batch.req_pool_indices)
     n = num_rows // bs
     if forward_batch.seq_lens_sum is None:
-        return int(lens.sum().item())
+        return lens.numel() * row_width
     if lens.numel() == bs:
         return forward_batch.seq_lens_sum + bs * n
     return n * forward_batch.seq_lens_sum + bs * n * (n + 1) // 2
@@ -180,7 +183,7 @@ class ChainVerify:
         )
         m, q_rows, dev = rows.shape[0], bs * n, be.device
         kv_indices = torch.empty(
-            eager_kv_indices_len(forward_batch, lens, bs * n),
+            eager_kv_indices_len(forward_batch, lens, bs * n, be.req_to_token.shape[1]),
             dtype=torch.int64,
             device=dev,
         )
