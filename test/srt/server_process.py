@@ -105,9 +105,11 @@ class ServerProcess:
     def post(self, path: str, body, timeout: float = 300.0):
         return requests.post(self.url + path, json=body, timeout=timeout)
 
-    def loads(self, timeout: float = 30.0) -> list:
-        """/v1/loads: one entry per data-parallel rank (num_running_reqs, ...)."""
-        r = requests.get(self.url + "/v1/loads", timeout=timeout)
+    def loads(self, timeout: float = 30.0, include=None) -> list:
+        """/v1/loads: one entry per data-parallel rank (num_running_reqs, ...), with the
+        sections `include` names (e.g. "disagg")."""
+        r = requests.get(self.url + "/v1/loads", params={"include": include} if include else None,
+                         timeout=timeout)
         assert r.status_code == 200, r.text
         body = r.json()
         loads = body.get("loads", body) if isinstance(body, dict) else body

@@ -9,6 +9,7 @@ import ctypes
 import os
 import socket
 import tempfile
+import time
 
 _DIR = os.environ.get("SGLANG_TEST_PD_STAND_IN_DIR") or os.path.join(tempfile.gettempdir(), "pd-stand-in")
 
@@ -66,6 +67,13 @@ class TransferEngine:
         return self.batch_transfer_sync_write(session_id, [buffer], [peer_buffer_address], [length])
 
     def batch_transfer_sync_write(self, session_id, buffers, peer_buffer_addresses, lengths):
+        # Held in flight while the file SGLANG_TEST_PD_STAND_IN_HOLD names exists (it is
+        # marked held in that name + ".held"): a fault test kills a peer during a transfer.
+        hold = os.environ.get("SGLANG_TEST_PD_STAND_IN_HOLD")
+        if hold and os.path.exists(hold):
+            open(hold + ".held", "w").close()
+            while os.path.exists(hold):
+                time.sleep(0.05)
         pid = _peer_pid(session_id)
         for src, dst, n in zip(buffers, peer_buffer_addresses, lengths):
             local, remote = _IOVec(src, n), _IOVec(dst, n)

@@ -1,0 +1,86 @@
+"""A prefill/decode pair of servers of one model on this host, as the CPU PD tests start it.
+
+mooncake's transfer engine is stood in (pd_stand_in/: real copies between the two
+processes); the prefill server listens for its bootstrap on a port of its own, which a
+restarted prefill server takes again. `generate` sends one request to both servers at
+once, as a router does.
+"""
+
+import os
+import threading
+
+import requests
+from release import RELEASE
+from server_process import ServerProcess, free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class PDPair:
+    def __init__(self, model_dir, workdir, prefill_args=(), decode_args=(), env=None):
+        self.model_dir = model_dir
+        self.boot = free_port()
+        self.env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(workdir),
+                    "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(HERE, "pd_stand_in"),
+                                                                os.environ.get("PYTHONPATH")])),
+                    **(env or {})}
+        self.args = {
+            "prefill": ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
+                        "--disaggregation-bootstrap-port", str(self.boot), *prefill_args],
+            "decode": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake",
+                       *decode_args],
+        }
+        if RELEASE >= (0, 5, 23):  # its default retraction backup pins host memory via CUDA
+            self.args["decode"] += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+        self.servers = {}
+        for mode in self.args:
+            self.servers[mode] = ServerProcess(model_dir, self.args[mode], name=f"pd-{mode}", env=self.env)
+
+    @property
+    def prefill(self) -> ServerProcess:
+        return self.servers["prefill"]
+
+    @property
+    def decode(self) -> ServerProcess:
+        return self.servers["decode"]
+
+    def wait_ready(self) -> "PDPair":
+        for s in self.servers.values():
+            s.wait_ready()
+        return self
+
+    def restart(self, mode) -> ServerProcess:
+        """A new server in place of `mode`'s (stopped first if it still runs)."""
+        self.servers[mode].stop()
+        self.servers[mode] = ServerProcess(self.model_dir, self.args[mode], name=f"pd-{mode}", env=self.env)
+        return self.servers[mode].wait_ready()
+
+    def body(self, room, input_ids, max_new_tokens, **extra) -> dict:
+        return {"input_ids": list(input_ids), "bootstrap_host": "127.0.0.1", "bootstrap_port": self.boot,
+                "bootstrap_room": room, **extra,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+
+    def generate(self, body, timeout=300.0, while_in_flight=None):
+        """(the prefill server's response, the decode server's) to one request sent to both,
+        each a requests.RequestException where none came (a server killed meanwhile).
+        `while_in_flight` runs beside them."""
+        out = {}
+
+        def post(mode):
+            try:
+                out[mode] = self.servers[mode].post("/generate", body, timeout)
+            except requests.RequestException as e:
+                out[mode] = e
+
+        threads = [threading.Thread(target=post, args=(mode,)) for mode in ("prefill", "decode")]
+        for th in threads:
+            th.start()
+        if while_in_flight is not None:
+            while_in_flight()
+        for th in threads:
+            th.join()
+        return out["prefill"], out["decode"]
+
+    def stop(self):
+        for s in self.servers.values():
+            s.stop()
