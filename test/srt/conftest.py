@@ -48,6 +48,7 @@ from pathlib import Path  # noqa: E402
 LONGEST_FIRST = (
     "test/srt/test_frozen_kv_mtp_engine.py",
     "test/srt/test_soak_server.py",
+    "test/srt/test_pd_faults.py",
     "test/srt/test_frozen_kv_mtp_yoco.py",
     "test/srt/test_request_validation.py",
     "test/bench/test_closeness.py",
