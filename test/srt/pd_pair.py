@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class PDPair:
-    def __init__(self, model_dir, workdir, prefill_args=(), decode_args=(), env=None):
+    def __init__(self, model_dir, workdir, server_args=(), prefill_args=(), decode_args=(), env=None):
         self.model_dir = model_dir
         self.boot = free_port()
         self.env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(workdir),
@@ -25,10 +25,10 @@ class PDPair:
                                                                 os.environ.get("PYTHONPATH")])),
                     **(env or {})}
         self.args = {
-            "prefill": ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
-                        "--disaggregation-bootstrap-port", str(self.boot), *prefill_args],
-            "decode": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake",
-                       *decode_args],
+            "prefill": [*server_args, "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend",
+                        "mooncake", "--disaggregation-bootstrap-port", str(self.boot), *prefill_args],
+            "decode": [*server_args, "--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
+                       "mooncake", *decode_args],
         }
         if RELEASE >= (0, 5, 23):  # its default retraction backup pins host memory via CUDA
             self.args["decode"] += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
@@ -55,10 +55,11 @@ class PDPair:
         self.servers[mode] = ServerProcess(self.model_dir, self.args[mode], name=f"pd-{mode}", env=self.env)
         return self.servers[mode].wait_ready()
 
-    def body(self, room, input_ids, max_new_tokens, **extra) -> dict:
+    def body(self, room, input_ids, max_new_tokens, sampling=None, **extra) -> dict:
+        """A greedy /generate request through this pair under bootstrap room `room`."""
         return {"input_ids": list(input_ids), "bootstrap_host": "127.0.0.1", "bootstrap_port": self.boot,
                 "bootstrap_room": room, **extra,
-                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **(sampling or {})}}
 
     def generate(self, body, timeout=300.0, while_in_flight=None):
         """(the prefill server's response, the decode server's) to one request sent to both,

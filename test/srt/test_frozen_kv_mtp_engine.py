@@ -204,39 +204,27 @@ def test_mtp_on_both_servers_of_pd(setup, tmp_path):
     once (joining a running batch), decodes HF's tokens, every round verified."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from server_process import ServerProcess, free_port
+    from pd_pair import PDPair
 
     target, draft, prompts, want, _ = setup
-    boot = free_port()
     args = ["--attention-backend", "triton", "--disable-overlap-schedule", "--max-running-requests", "8",
-            "--triton-attention-num-kv-splits", "2", "--disaggregation-transfer-backend", "mooncake"]
+            "--triton-attention-num-kv-splits", "2"]
     for k, v in mtp_kwargs(draft, 3).items():
         args += [f"--{k.replace('_', '-')}", str(v)]
-    env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "pd_stand_in"), os.environ["PYTHONPATH"]])}
-    decode_args = ["--disaggregation-mode", "decode"]
+    env = {}
     if RELEASE >= (0, 5, 23):
         env["SGLANG_ENABLE_SPLITKV_VERIFY"] = "0"  # as mtp_engine: the faster verify here
-        # its default retraction backup pins host memory via CUDA
-        decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
-    else:
-        if "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
-            args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
-    servers = [ServerProcess(target, [*args, *extra], name=name, env=env) for name, extra in (
-        ("pd-prefill-mtp", ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot)]),
-        ("pd-decode-mtp", decode_args))]
+    elif "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
+        args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
+    pair = PDPair(target, tmp_path, server_args=args, env=env)
     try:
-        prefill, decode = (s.wait_ready() for s in servers)
+        prefill, decode = pair.wait_ready().prefill, pair.decode
 
-        def pair(i):
-            body = {"input_ids": prompts[i], "bootstrap_host": "127.0.0.1", "bootstrap_port": boot,
-                    "bootstrap_room": i + 1, "sampling_params": {
-                        "max_new_tokens": NEW_TOKENS[i], "temperature": 0.0, "ignore_eos": True}}
-            with ThreadPoolExecutor(2) as two:
-                return [f.result() for f in [two.submit(s.post, "/generate", body) for s in (prefill, decode)]]
+        def through_the_pair(i):
+            return pair.generate(pair.body(i + 1, prompts[i], NEW_TOKENS[i], sampling={"ignore_eos": True}))
 
         with ThreadPoolExecutor(len(prompts)) as pool:
-            outs = list(pool.map(pair, range(len(prompts))))
+            outs = list(pool.map(through_the_pair, range(len(prompts))))
         for (p, d), toks, n in zip(outs, want, NEW_TOKENS):
             assert p.status_code == 200 and d.status_code == 200, p.text + d.text + decode.log_tail()
             assert p.json()["output_ids"] == toks[:1]
@@ -244,5 +232,4 @@ def test_mtp_on_both_servers_of_pd(setup, tmp_path):
             assert out["output_ids"] == toks and 0 < out["meta_info"]["spec_verify_ct"] <= n, (out, toks)
         assert prefill.alive() and decode.alive()
     finally:
-        for s in servers:
-            s.stop()
+        pair.stop()

@@ -481,6 +481,12 @@ class Served:
         return outs, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
     def shutdown(self):
+        # An engine's shutdown SIGKILLs every child of this process, the other engine's
+        # too, whose watchdog would then report its child "crashed" (SIGQUIT): stop both
+        # watchdogs first.
+        for e in self.engines.values():
+            if e.tokenizer_manager._subprocess_watchdog is not None:
+                e.tokenizer_manager._subprocess_watchdog.stop()
         for e in self.engines.values():
             e.shutdown()
 
@@ -553,32 +559,16 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
     HF's, and the prefill passes counted fast; a request without bootstrap fields gets a 400."""
     import requests
     from cpu_engine import LOGPROB_ATOL, assert_same_greedy
-    from server_process import ServerProcess, free_port
+    from pd_pair import PDPair
 
-    here, boot = os.path.dirname(os.path.abspath(__file__)), free_port()
-    env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(here, "pd_stand_in"), os.environ.get("PYTHONPATH")]))}
-    decode_args = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"]
-    if RELEASE >= (0, 5, 23):  # its default retraction backup pins host memory via CUDA
-        decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
-    servers = [ServerProcess(served.model_dir, [
-        "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
-        "--disaggregation-bootstrap-port", str(boot),
-        "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"], name="pd-prefill", env=env),
-        ServerProcess(served.model_dir, decode_args, name="pd-decode", env=env)]
+    pair = PDPair(served.model_dir, tmp_path, prefill_args=[
+        "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"])
     try:
-        prefill, decode = (s.wait_ready() for s in servers)
+        prefill, decode = pair.wait_ready().prefill, pair.decode
         for room, (prompt, (toks, lps)) in enumerate(served.ref.items(), start=1):
-            body = {"input_ids": list(prompt), "return_logprob": True, "bootstrap_host": "127.0.0.1",
-                    "bootstrap_port": boot, "bootstrap_room": room,
-                    "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0.0}}
-            out = {}
-            th = threading.Thread(target=lambda: out.update(p=prefill.post("/generate", body)))
-            th.start()
-            d = decode.post("/generate", body)
-            th.join()
-            assert out["p"].status_code == 200 and d.status_code == 200, out["p"].text + d.text + decode.log_tail()
-            (lp, tok, _), = out["p"].json()["meta_info"]["output_token_logprobs"]
+            p, d = pair.generate(pair.body(room, prompt, MAX_NEW, return_logprob=True))
+            assert p.status_code == 200 and d.status_code == 200, p.text + d.text + decode.log_tail()
+            (lp, tok, _), = p.json()["meta_info"]["output_token_logprobs"]
             assert tok == toks[0] and abs(lp - lps[0]) <= LOGPROB_ATOL, (len(prompt), tok, toks[0], lp, lps[0])
             got = d.json()["meta_info"]["output_token_logprobs"]
             assert_same_greedy(([t for _, t, _ in got], [v for v, _, _ in got]), (toks, lps), prompt)
@@ -595,8 +585,7 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
         # pd-one-request-per-bootstrap-room); the first then completes as HF's
         prompt, toks = served_ids
         for room, (first, second) in ((1000, (prefill, decode)), (1001, (decode, prefill))):
-            body = {"input_ids": list(prompt), "bootstrap_host": "127.0.0.1", "bootstrap_port": boot,
-                    "bootstrap_room": room, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0.0}}
+            body = pair.body(room, prompt, MAX_NEW)
             out = {}
             th = threading.Thread(target=lambda: out.update(r=first.post("/generate", body)))
             th.start()
@@ -610,8 +599,7 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
             assert d.json()["output_ids"] == toks, (room, d.json()["output_ids"], toks)
         assert prefill.alive() and decode.alive()
     finally:
-        for s in servers:
-            s.stop()
+        pair.stop()
 
 
 @pytest.mark.stack("yoco-model", step="min-tokens-within-a-pass")
