@@ -214,8 +214,9 @@ def test_mtp_on_both_servers_of_pd(setup, tmp_path):
     env = {}
     if RELEASE >= (0, 5, 23):
         env["SGLANG_ENABLE_SPLITKV_VERIFY"] = "0"  # as mtp_engine: the faster verify here
-    elif "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
-        args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
+    else:
+        if "triton_attention_split_kv_verify" in server_arg_names():  # from step triton-split-kv-verify-arg
+            args.append("--no-triton-attention-split-kv-verify")  # as mtp_engine: the faster verify here
     pair = PDPair(target, tmp_path, server_args=args, env=env)
     try:
         prefill, decode = pair.wait_ready().prefill, pair.decode
