@@ -21,8 +21,8 @@ import time
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test", "srt")
 sys.path.insert(0, TESTS)
 import requests  # noqa: E402
-from release import RELEASE  # noqa: E402
-from server_process import ServerProcess, free_port  # noqa: E402
+from pd_pair import PDPair  # noqa: E402
+from server_process import free_port  # noqa: E402
 from tiny_gemma import make_tiny_gemma4  # noqa: E402
 
 
@@ -34,24 +34,15 @@ def main():
     version = subprocess.run([router_python, "-c", "import importlib.metadata as m; print(m.version('sglang-router'))"],
                              capture_output=True, text=True).stdout.strip()
     print("sglang-router", version, flush=True)
-    model = make_tiny_gemma4(os.path.join(tmp, "model"))
-    boot = free_port()
-    env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_TEST_PD_STAND_IN_DIR": tmp,
-           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(TESTS, "pd_stand_in"), os.environ.get("PYTHONPATH")]))}
-    P = ServerProcess(model, ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
-                              "--disaggregation-bootstrap-port", str(boot)], name="pd-prefill", env=env)
-    decode_args = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"]
-    if RELEASE >= (0, 5, 23):  # its default retraction backup pins host memory via CUDA
-        decode_args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
-    D = ServerProcess(model, decode_args, name="pd-decode", env=env)
+    pair = PDPair(make_tiny_gemma4(os.path.join(tmp, "model")), tmp)
+    P, D = pair.prefill, pair.decode
     router = None
     log = open(os.path.join(tmp, "router.log"), "w")
     try:
-        P.wait_ready()
-        D.wait_ready()
+        pair.wait_ready()
         port = free_port()
         router = subprocess.Popen([router_python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                                   "--prefill", P.url, str(boot), "--decode", D.url,
+                                   "--prefill", P.url, str(pair.boot), "--decode", D.url,
                                    "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         for _ in range(120):
@@ -72,7 +63,8 @@ def main():
         prompts = [[5, 6, 7, 8, 9, 10], list(range(20, 60)), [300, 301]]
         for i, prompt in enumerate(prompts):
             params = {"max_new_tokens": 6, "temperature": 0.0}
-            direct = _pair(P, D, boot, 1000 + i, prompt, params)
+            _, d = pair.generate(pair.body(1000 + i, prompt, 6), timeout=120)
+            direct = d.json().get("output_ids") if d.status_code == 200 else d.text[:200]
             t = time.time()
             r = requests.post(url + "/generate", json={"input_ids": prompt, "sampling_params": params}, timeout=120)
             via = r.json().get("output_ids") if r.status_code == 200 else r.text[:300]
@@ -99,19 +91,7 @@ def main():
             router.terminate()
             router.wait(timeout=30)
         log.close()
-        P.stop()
-        D.stop()
-
-
-def _pair(P, D, boot, room, prompt, params):
-    body = {"input_ids": prompt, "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": room,
-            "sampling_params": params}
-    out = {}
-    th = threading.Thread(target=lambda: out.update(p=requests.post(P.url + "/generate", json=body, timeout=120)))
-    th.start()
-    d = requests.post(D.url + "/generate", json=body, timeout=120)
-    th.join()
-    return d.json().get("output_ids") if d.status_code == 200 else d.text[:200]
+        pair.stop()
 
 
 if __name__ == "__main__":
