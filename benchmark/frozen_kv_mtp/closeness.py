@@ -2,7 +2,8 @@
 
     python benchmark/frozen_kv_mtp/closeness.py OUT.json [--target e4b|31b] [--prompts 200]
         [--min-len 100] [--max-len 2500] [--max-new 64] [--page-size 1]
-        [--modes nospec,mtp,mtp-splitkv] [--steps 3[,4,5]] [--rescore] [--extra JSON] [--tiny]
+        [--modes nospec,mtp,mtp-splitkv] [--steps 3[,4,5]] [--batch-sizes 4,16] [--rescore]
+        [--extra JSON] [--tiny]
 
 On an H200 with the fork in /tmp/site (`bash tools/offline_packs.sh install PACK...`), from
 the repository root, $OUT a folder to keep (estimated 5-8 minutes for E4B; the 31B line
@@ -35,7 +36,7 @@ and the E4B assistant (widened to the 31B's geometry for --target 31b), bf16, we
 seeded at a trained model's scale (`--load-format dummy`, SGLANG_DUMMY_WEIGHTS_AT_SCALE=1),
 triton attention; written under $FKV_CKPT_DIR (default /tmp/frozen_kv_ckpt) as
 profile_draft.py writes them. Prompts: seeded random ids, lengths uniform in
-[--min-len, --max-len], sent in seeded batches of 1-32 prompts (the same batches in
+[--min-len, --max-len], sent in seeded batches of 1-32 prompts (--batch-sizes: the sizes drawn; the same batches in
 every mode).
 
 OUT.json: {"args", "prompt_lens", "modes": {mode: {"summary": {start_s, generate_s,
@@ -275,6 +276,8 @@ def main():
                          "MTP mode at each, as MODE-sN")
     ap.add_argument("--seed", type=int, default=0, help="prompt seed")
     ap.add_argument("--mix-seed", type=int, default=1, help="batch-mix seed (the same batches in every mode)")
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32",
+                    help="the batch sizes the seeded mix draws from (e.g. 4,16: concurrency 4 and 16 only)")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=32,
                     help="largest decode/verify CUDA graph batch (the largest batch sent is 32)")
     ap.add_argument("--extra", default="{}", help="JSON of engine kwargs for every mode")
@@ -305,7 +308,7 @@ def main():
         draft_dir = draft_checkpoint(root, a.target, tcfg)
         base = engine_kwargs(cuda_graph_max_bs_decode=a.cuda_graph_max_bs)
     prompts = make_prompts(a.prompts, a.min_len, a.max_len, tcfg["vocab_size"], a.seed)
-    mix = batches(len(prompts), a.mix_seed)
+    mix = batches(len(prompts), a.mix_seed, [int(x) for x in a.batch_sizes.split(",")])
     print(f"== closeness target={'tiny' if a.tiny else a.target} prompts={len(prompts)} "
           f"lens {min(map(len, prompts))}-{max(map(len, prompts))} max_new={a.max_new} "
           f"page_size={a.page_size} modes={','.join(modes)}", flush=True)

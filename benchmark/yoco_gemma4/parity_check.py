@@ -50,13 +50,14 @@ def make_prompts(n, max_len, vocab, seed=0):
     return prompts
 
 
-def batches(n, seed):
+def batches(n, seed, sizes=(1, 2, 4, 8, 16, 32)):
+    """Prompt indices in a seeded order, cut into batches of sizes drawn from `sizes`."""
     rng = random.Random(seed)
     order = list(range(n))
     rng.shuffle(order)
     out, i = [], 0
     while i < n:
-        k = rng.choice([1, 2, 4, 8, 16, 32])
+        k = rng.choice(list(sizes))
         out.append(order[i : i + k])
         i += k
     return out
