@@ -5,11 +5,17 @@ last layers' attention on an earlier layer's cache. The KV pool still holds a bu
 each of those layers, which nothing writes and nothing reads. A PD prefill server sends
 every registered buffer; these it can skip (their copies on the decode server stay as
 unwritten there, where the same layers read the same earlier layers' cache).
+
+Mooncake's per-layer transfers skip them, at equal TP sizes and head-sliced between
+different ones. Its staged transfer packs every layer into one buffer whose layout both
+servers compute, its decode-context-parallel transfer plans tokens, not layers, and the
+other backends send every registered buffer: the prefill server says at start-up which
+it is (``never_written_transfer_note``).
 """
 
 from __future__ import annotations
 
-from typing import FrozenSet
+from typing import FrozenSet, Optional
 
 
 def kv_shared_layer_ids(hf_text_config) -> range:
@@ -55,3 +61,26 @@ def never_written_data_ptrs(token_to_kv_pool, hf_text_config) -> FrozenSet[int]:
         indices = [i - start for i in shared if 0 <= i - start < pool.layer_num]
         return frozenset(_layer_entries(pool, indices))
     return frozenset()
+
+
+def never_written_transfer_note(
+    transfer_backend, never_written, hf_text_config
+) -> Optional[str]:
+    """The prefill server's start-up line on what its transfer does with these buffers
+    (None for a model without KV sharing)."""
+    if not never_written:
+        return None
+    shared = len(kv_shared_layer_ids(hf_text_config))
+    layers = f"{shared} of {hf_text_config.num_hidden_layers} layers"
+    backend = getattr(transfer_backend, "value", transfer_backend)
+    if backend == "mooncake":
+        return (
+            f"PD: the KV-shared layers' buffers ({layers}, never written) are left "
+            "out of the KV transfer; a staged (SGLANG_DISAGG_STAGING_BUFFER) or "
+            "decode-context-parallel transfer still sends them"
+        )
+    return (
+        f"PD: the {backend} transfer sends the KV-shared layers' buffers too "
+        f"({layers}, never written, so never read); only mooncake's transfer "
+        "leaves them out"
+    )
