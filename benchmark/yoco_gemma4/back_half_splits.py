@@ -12,14 +12,18 @@ grid is rows x KV-head groups x KV splits, and the backend caps the splits at
 GPU of 132 SMs. Here the kernel alone, on the shapes of Gemma-4's back half (E4B: full
 layers 8 query heads over 2 KV heads of 512, sliding layers 2 KV heads of 256 over 513
 keys; E2B: full layers over 1 KV head of 512), at each split count (every row split
-alike), timed with CUDA events (median of --repeats after --warmup). Floor: the K and V
+alike), timed with CUDA events (median of --repeats after --warmup; each eager call with
+its launches, or with --graph a CUDA graph's replay, the GPU time alone). Floor: the K and V
 it must read at the GPU's HBM bandwidth (3.35 TB/s on H100, 4.8 on H200). Outputs are
 compared with the 8-split result (max abs difference: the split reduction's rounding).
 """
 
 import argparse
 import json
-import statistics
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "frozen_kv_mtp"))
 
 SHAPES = {  # name: (query heads, KV heads, head dim, window or None)
     "e4b-full": (8, 2, 512, None),
@@ -28,9 +32,10 @@ SHAPES = {  # name: (query heads, KV heads, head dim, window or None)
 }
 
 
-def run_point(shape, seq, batch, splits, repeats, warmup):
+def run_point(shape, seq, batch, splits, repeats, warmup, graph=False):
     import torch
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from verify_kernel_bench import time_fn
 
     qh, kvh, d, window = SHAPES[shape]
     keys = seq if window is None else min(seq, window + 1)
@@ -55,21 +60,12 @@ def run_point(shape, seq, batch, splits, repeats, warmup):
         for _ in range(warmup):
             call()
         torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            call()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        out[s] = (statistics.median(times), min(times), max(times), o.float().clone())
-    ref = out[splits[0]][3]
+        out[s] = (time_fn(call, repeats, graph), o.float().clone())
+    ref = out[splits[0]][1]
     bytes_read = batch * keys * kvh * d * 2 * 2
     return keys, bytes_read, [
-        {"splits": s, "median_ms": m, "min_ms": lo, "max_ms": hi,
-         "max_abs_diff_vs_first": float((o - ref).abs().max())}
-        for s, (m, lo, hi, o) in out.items()]
+        {"splits": s, "median_ms": m, "max_abs_diff_vs_first": float((o - ref).abs().max())}
+        for s, (m, o) in out.items()]
 
 
 def main():
@@ -82,6 +78,8 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--graph", action="store_true",
+                    help="time replays of a CUDA graph of the call (GPU time, no launch cost)")
     a = ap.parse_args()
     import torch
 
@@ -92,7 +90,7 @@ def main():
     for shape in a.shapes.split(","):
         for seq in (int(x) for x in a.lens.split(",")):
             for batch in (int(x) for x in a.batches.split(",")):
-                keys, nbytes, res = run_point(shape, seq, batch, splits, a.repeats, a.warmup)
+                keys, nbytes, res = run_point(shape, seq, batch, splits, a.repeats, a.warmup, a.graph)
                 floor_ms = nbytes / bw * 1e3
                 for r in res:
                     r.update(shape=shape, seq=seq, batch=batch, keys=keys, floor_ms=floor_ms)
