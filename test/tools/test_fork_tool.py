@@ -859,6 +859,42 @@ def test_preloaded_interpreter_runs_each_command_as_a_new_process_would(tmp_path
     assert res.returncode == 5 and str(tree / "__init__.py") in res.stdout
 
 
+def test_check_runs_cache_bytecode_never_a_stale_one(tmp_path):
+    """check --each's runs cache the bytecode of what they import, the step's tree
+    included; a checkout drops the entries of the files it changes, so a run never gets
+    another version's code (not even one of the same size and mtime second), and the
+    folders it empties, so a package it removes does not import."""
+    check = sys.modules["forklib.check"]
+    tree = tmp_path / "tree"
+    pkg = tree / "python" / "sglang"
+    (pkg / "sub" / "deeper").mkdir(parents=True)
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    revs = []
+    for v in ("1", "2"):
+        (pkg / "__init__.py").write_text(f"V = {v}\n")
+        for init in (pkg / "sub" / "__init__.py", pkg / "sub" / "deeper" / "__init__.py"):
+            if v == "2":
+                init.write_text("")
+        subprocess.run(git + ["add", "-A"], check=True)
+        subprocess.run(git + ["commit", "-q", "-m", v], check=True)
+        revs.append(subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True,
+                                   check=True).stdout.strip())
+    interp = fork._Interpreter(sys.executable, ["json"], tmp_path)
+    assert interp.proc is not None
+    env = fork._tree_env(tree, write_bytecode=True)
+    script = ("import sglang\ntry:\n    import sglang.sub.deeper\nexcept ImportError:\n"
+              "    print(sglang.V, 'no sub')\nelse:\n    print(sglang.V, 'sub')\n")
+    for rev, want in ((revs[0], "1 no sub"), (revs[1], "2 sub"), (revs[0], "1 no sub"),
+                      (revs[0], "1 no sub"), (revs[1], "2 sub")):
+        check._checkout(tree, rev)
+        fork.os.utime(pkg / "__init__.py", (1e9, 1e9))  # one mtime for both versions
+        res = interp.run(["-c", script], tmp_path, env)
+        assert res.returncode == 0 and res.stdout.strip() == want, res
+        assert list((pkg / "__pycache__").glob("__init__.*.pyc"))
+    interp.close()
+
+
 def test_a_base_lists_only_the_pins_that_differ(env):
     """A base's requirements-cpu.txt holds only its own pins; `requirements` writes the
     default base's list with those in place (and any new one at the end)."""

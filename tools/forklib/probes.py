@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -87,6 +88,7 @@ print("PRELOAD " + json.dumps(names))
 # each with a JSON line ({"rc": N}) on the descriptor it got as argv[1].
 PRELOADED = """\
 import atexit, io, json, os, runpy, sys, threading, traceback
+sys.dont_write_bytecode = True  # not -B: the runs' new processes (multiprocessing's) inherit it
 reply = os.fdopen(int(sys.argv[1]), "w")
 base_path = [p for p in sys.path if p]
 for name in json.loads(sys.stdin.readline()):
@@ -112,6 +114,7 @@ def child(req):
     os.environ.clear()
     os.environ.update(req["env"])
     sys.dont_write_bytecode = bool(req["env"].get("PYTHONDONTWRITEBYTECODE"))
+    sys.pycache_prefix = req["env"].get("PYTHONPYCACHEPREFIX") or None
     extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [""] + extra + base_path
     args = req["args"]
@@ -161,7 +164,7 @@ class _Interpreter:
         if not preload:
             return
         r, w = os.pipe()
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         proc = subprocess.Popen([python, "-c", PRELOADED, str(w)], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 pass_fds=(w,), env=env, text=True)
@@ -207,9 +210,30 @@ def preload_names(python: str, tree: Path, modules: list[str]) -> list[str]:
     return json.loads(lines[-1][len("PRELOAD "):]) if lines else []
 
 
-def _tree_env(tree: Path) -> dict:
+def _tree_env(tree: Path, write_bytecode: bool = False) -> dict:
+    """The environment of a Python run on ``tree``'s code; ``write_bytecode``: its
+    imports cache their bytecode (in __pycache__ folders, the tree's included)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(tree / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if write_bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
+
+
+def forget_bytecode(tree: Path, changed: list[str]) -> None:
+    """After a checkout of ``tree`` that changed these files (paths in it): drop their
+    cached bytecode, since Python checks a cached entry against its source's mtime (in
+    whole seconds) and size only, which two versions of a file can share; and the
+    folders left holding nothing but __pycache__ (a package the checkout removed would
+    still import, as a namespace package)."""
+    for rel in changed:
+        src = tree / rel
+        if src.suffix == ".py":
+            for pyc in (src.parent / "__pycache__").glob(f"{src.stem}.*.pyc"):
+                pyc.unlink()
+    for folder, subdirs, files in os.walk(tree / "python", topdown=False):
+        if not files and "__pycache__" in subdirs and os.listdir(folder) == ["__pycache__"]:
+            shutil.rmtree(folder)
