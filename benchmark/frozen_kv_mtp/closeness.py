@@ -36,8 +36,8 @@ and the E4B assistant (widened to the 31B's geometry for --target 31b), bf16, we
 seeded at a trained model's scale (`--load-format dummy`, SGLANG_DUMMY_WEIGHTS_AT_SCALE=1),
 triton attention; written under $FKV_CKPT_DIR (default /tmp/frozen_kv_ckpt) as
 profile_draft.py writes them. Prompts: seeded random ids, lengths uniform in
-[--min-len, --max-len], sent in seeded batches of 1-32 prompts (--batch-sizes: the sizes drawn; the same batches in
-every mode).
+[--min-len, --max-len], sent in seeded batches of 1-32 prompts (--batch-sizes: the sizes
+drawn; the same batches in every mode).
 
 OUT.json: {"args", "prompt_lens", "modes": {mode: {"summary": {start_s, generate_s,
 output_tokens, mean_accept_len, ...}, "outputs": [{ids, logprobs, top5, verify_ct,

@@ -23,6 +23,18 @@ def _pool():
                      full_attention_layer_ids=ids["full_attention"], device="cpu")
 
 
+def _manager(**fields):
+    """A stand-in for a prefill server's MooncakeKVManager: the given fields, and the
+    class's own helpers that its transfers call on it (those this release has)."""
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+
+    manager = types.SimpleNamespace(pp_size=1, enable_deferred_decode_kv_release=False, **fields)
+    for method in ("get_mha_kv_ptrs_with_pp", "_await_transfer_futures"):  # the latter: 0.5.23
+        if hasattr(MooncakeKVManager, method):
+            setattr(manager, method, getattr(MooncakeKVManager, method).__get__(manager))
+    return manager
+
+
 def _sent(pool, shared):
     """The source buffers mooncake's transfer writes from, per registered list (full KV,
     SWA state), for two pages, with the prefill server's KV args for `shared` layers."""
@@ -33,10 +45,9 @@ def _sent(pool, shared):
     kv_args = types.SimpleNamespace(prefill_start_layer=0,
                                     never_written_data_ptrs=never_written_data_ptrs(pool, config))
     sent = []
-    manager = types.SimpleNamespace(kv_args=kv_args, is_mla_backend=False, is_hybrid_mla_backend=False,
-                                    enable_custom_mem_pool=False, pp_size=1, max_transfer_batch_indices=0,
-                                    _transfer_data=lambda session, blocks: sent.extend(blocks) or 0)
-    manager.get_mha_kv_ptrs_with_pp = MooncakeKVManager.get_mha_kv_ptrs_with_pp.__get__(manager)
+    manager = _manager(kv_args=kv_args, is_mla_backend=False, is_hybrid_mla_backend=False,
+                       enable_custom_mem_pool=False, max_transfer_batch_indices=0,
+                       _transfer_data=lambda session, blocks: sent.extend(blocks) or 0)
     out = {}
     for name, (ptrs, _, item_lens) in (("full", pool.get_contiguous_buf_infos()),
                                        ("swa", pool.get_state_buf_infos())):
@@ -90,11 +101,7 @@ def _sliced_layers(shared):
     read = []
     engine = types.SimpleNamespace(
         batch_transfer_sync=lambda session, src, dst, lens: read.extend(src) or 0)
-    manager = types.SimpleNamespace(kv_args=kv_args, attn_tp_size=1, pp_size=1, engine=engine)
-    for method in ("get_mha_kv_ptrs_with_pp", "_await_transfer_futures"):  # the latter: 0.5.23
-        if hasattr(MooncakeKVManager, method):
-            setattr(manager, method, getattr(MooncakeKVManager, method).__get__(manager))
-    manager.enable_deferred_decode_kv_release = False
+    manager = _manager(kv_args=kv_args, attn_tp_size=1, engine=engine)
     with concurrent.futures.ThreadPoolExecutor(2) as executor:
         rc = MooncakeKVManager.send_kvcache_slice(
             manager, "decode", np.array([0, 1], dtype=np.int32), [p + 1 for p in ptrs],
