@@ -17,7 +17,8 @@ time, 16 greedy tokens each, with logprobs; a PD mode's outputs are compared wit
 seed 0, a fresh seed per pass so no prompt hits the radix cache), streamed from the
 decode server, time to its first chunk; the prefill server's radix cache is flushed
 before each pass. Writes OUT_DIR/gpu_pair_<variant>.json and a `ROW {json}` line per
-(mode, measurement).
+(mode, measurement). Time TTFT with --no-deterministic (and --parity 0): deterministic
+inference runs the prefill server's back half eager, which is not how YOCO is served.
 
 The mooncake wheel (mooncake-transfer-engine, its CUDA build) and the libraries it
 loads (libibverbs, libmlx5, libnuma, libcudart.so.12) must be importable: set
@@ -77,7 +78,8 @@ def parity_prompts(n, vocab):
     rng = random.Random(0)
     lens = [16, 100, 512, 1000, 2000, 3000, 4096, 6000]
     ps = [[rng.randrange(10, vocab) for _ in range(lens[i % len(lens)])] for i in range(n)]
-    ps[-1] = list(ps[0])  # a repeat: a prefix-cache hit on both sides
+    if ps:
+        ps[-1] = list(ps[0])  # a repeat: a prefix-cache hit on both sides
     return ps
 
 
@@ -115,6 +117,12 @@ def outputs(resp):
             "cached": j["meta_info"].get("cached_tokens")}
 
 
+def prefill_passes(server):
+    """The prefill server's YOCO pass counts so far (which path each pass took, and why)."""
+    info = requests.get(server.url + "/get_server_info", timeout=30).json()
+    return info["internal_states"][0].get("kv_sharing_fast_prefill_passes")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -126,7 +134,10 @@ def main():
     ap.add_argument("--ttft-len", type=int, default=8000, help="input tokens of the TTFT workload")
     ap.add_argument("--ttft-out", type=int, default=1000, help="output tokens of the TTFT workload")
     ap.add_argument("--port", type=int, default=33000)
-    ap.add_argument("--no-deterministic", action="store_true", help="(a CPU dry run: torch_native has none)")
+    ap.add_argument("--no-deterministic", action="store_true",
+                    help="servers as users run them, for TTFT: deterministic inference keeps the back half "
+                         "eager and the kernels' fixed tiles (written to gpu_pair_<variant>_nondet.json); "
+                         "also a CPU dry run's (torch_native has none)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model = make_checkpoint(f"{a.out}/ckpt-{a.variant}", a.variant)
@@ -134,24 +145,27 @@ def main():
     vocab = cfg.get("vocab_size") or cfg["text_config"]["vocab_size"]
     prompts = parity_prompts(a.parity, vocab)
     det = not a.no_deterministic
-    path = f"{a.out}/gpu_pair_{a.variant}.json"
+    path = f"{a.out}/gpu_pair_{a.variant}{'' if det else '_nondet'}.json"
     result = json.load(open(path)) if os.path.exists(path) else {"variant": a.variant, "modes": {}}
     sp = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
     for mode in a.modes.split(","):
         boot = a.port + 10
         rec = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if mode == "single":
-            servers = [Server(a.out, f"{a.variant}_single", model, a.port, False, a.mem, deterministic=det)]
+            starts = [lambda: Server(a.out, f"{a.variant}_single", model, a.port, False, a.mem, deterministic=det)]
         else:
             yoco = mode == "pd-on"
-            servers = [Server(a.out, f"{a.variant}_{mode}_prefill", model, a.port, yoco, a.mem,
-                              ["--disaggregation-mode", "prefill", *PD, "--disaggregation-bootstrap-port", str(boot)], det),
-                       # Started second: the static fraction is of the memory still free then.
-                       Server(a.out, f"{a.variant}_{mode}_decode", model, a.port + 1, False, min(0.9, 2 * a.mem),
-                              ["--disaggregation-mode", "decode", *PD], det)]
+            starts = [lambda: Server(a.out, f"{a.variant}_{mode}_prefill", model, a.port, yoco, a.mem,
+                                     ["--disaggregation-mode", "prefill", *PD, "--disaggregation-bootstrap-port", str(boot)], det),
+                      # Started once the prefill server is up: the static fraction is of the
+                      # memory still free then (started together, either may take the other's).
+                      lambda: Server(a.out, f"{a.variant}_{mode}_decode", model, a.port + 1, False, min(0.9, 2 * a.mem),
+                                     ["--disaggregation-mode", "decode", *PD], det)]
+        servers = []
         try:
-            for s in servers:
-                s.wait()
+            for start in starts:
+                servers.append(start())
+                servers[-1].wait()
             rec["cmds"] = [s.cmd for s in servers]
             rec["startup_s"] = [s.startup_s for s in servers]
             runs = []
@@ -172,8 +186,7 @@ def main():
                 rec["parity_max_abs_logprob_diff"] = max(diffs) if diffs else None
                 print(f"ROW {json.dumps({'mode': mode, 'parity_equal': rec['parity_equal'], 'max_diff': rec['parity_max_abs_logprob_diff']})}", flush=True)
             if mode != "single":
-                info = requests.get(servers[0].url + "/get_server_info", timeout=30).json()
-                rec["prefill_passes"] = info["internal_states"][0].get("kv_sharing_fast_prefill_passes")
+                rec["prefill_passes"] = prefill_passes(servers[0])
                 ttft = []
                 for conc in [int(c) for c in a.ttft.split(",") if c]:
                     rng = random.Random(1000 + conc)
@@ -208,6 +221,7 @@ def main():
                         ttft.append(row)
                         print("ROW " + json.dumps({k: v for k, v in row.items() if k not in ("ttfts_ms", "requests")}), flush=True)
                 rec["ttft"] = ttft
+                rec["prefill_passes_after_ttft"] = prefill_passes(servers[0])
             rec["alive_after"] = [s.proc.poll() is None for s in servers]
         finally:
             for s in servers[::-1]:
