@@ -1,6 +1,6 @@
 """A PD pair on CPU reached through SGLang's own router in PD mode.
 
-    python benchmark/pd_disaggregation/cpu_router.py ROUTER_PYTHON [WORKDIR] [--wait-for-workers]
+    python benchmark/pd_disaggregation/cpu_router.py ROUTER_PYTHON [WORKDIR]
 
 ROUTER_PYTHON: an interpreter with the `sglang-router` package (its own venv:
 `python3 -m venv R && R/bin/pip install sglang-router`). Starts a prefill and a decode
@@ -8,9 +8,9 @@ server (tiny Gemma-4, CPU, mooncake's engine stood in by test/srt/pd_stand_in/, 
 PD tests start them) and `python -m sglang_router.launch_router --pd-disaggregation` in
 front of them; sends /generate and /v1/completions through the router, and the same
 prompts through the pair directly (the client naming the bootstrap fields), and prints
-whether each output matches, the router's version and its status codes.
---wait-for-workers: first send one-token requests until the router stops answering 503
-(its /health does not wait for its worker checks).
+whether each output matches, the router's version and its status codes. The router
+counts as up once a one-token request gets through (test/srt/pd_pair.PDRouter: its /health
+answers before its worker checks have seen both servers).
 """
 import os
 import subprocess
@@ -21,8 +21,7 @@ import time
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test", "srt")
 sys.path.insert(0, TESTS)
 import requests  # noqa: E402
-from pd_pair import PDPair  # noqa: E402
-from server_process import free_port  # noqa: E402
+from pd_pair import PDPair, PDRouter  # noqa: E402
 from tiny_gemma import make_tiny_gemma4  # noqa: E402
 
 
@@ -37,29 +36,13 @@ def main():
     pair = PDPair(make_tiny_gemma4(os.path.join(tmp, "model")), tmp)
     P, D = pair.prefill, pair.decode
     router = None
-    log = open(os.path.join(tmp, "router.log"), "w")
     try:
         pair.wait_ready()
-        port = free_port()
-        router = subprocess.Popen([router_python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                                   "--prefill", P.url, str(pair.boot), "--decode", D.url,
-                                   "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        print("router health", requests.get(url + "/health", timeout=5).status_code, flush=True)
-        if "--wait-for-workers" in sys.argv:
-            # /health answers before the router's worker checks have seen both servers
-            probe = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}}
-            for _ in range(60):
-                if requests.post(url + "/generate", json=probe, timeout=60).status_code != 503:
-                    break
-                time.sleep(1)
+        router = PDRouter(pair, os.path.join(tmp, "router.log"), python=router_python)
+        url = router.url
+        t = time.time()
+        router.wait_ready()
+        print(f"a request through the router after {time.time() - t:.1f} s", flush=True)
         prompts = [[5, 6, 7, 8, 9, 10], list(range(20, 60)), [300, 301]]
         for i, prompt in enumerate(prompts):
             params = {"max_new_tokens": 6, "temperature": 0.0}
@@ -88,9 +71,7 @@ def main():
         print("three at once", outs, "servers alive", P.alive(), D.alive(), flush=True)
     finally:
         if router is not None:
-            router.terminate()
-            router.wait(timeout=30)
-        log.close()
+            router.stop()
         pair.stop()
 
 

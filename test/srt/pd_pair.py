@@ -3,11 +3,15 @@
 mooncake's transfer engine is stood in (pd_stand_in/: real copies between the two
 processes); the prefill server listens for its bootstrap on a port of its own, which a
 restarted prefill server takes again. `generate` sends one request to both servers at
-once, as a router does.
+once, as a router does; `PDRouter` puts SGLang's own router (the `sglang-router` package,
+PD mode) in front of a pair, as users reach one.
 """
 
 import os
+import subprocess
+import sys
 import threading
+import time
 
 import requests
 from release import RELEASE
@@ -85,3 +89,50 @@ class PDPair:
     def stop(self):
         for s in self.servers.values():
             s.stop()
+
+
+class PDRouter:
+    """`python -m sglang_router.launch_router --pd-disaggregation` in front of `pair`: it
+    draws each request's bootstrap room and sends the request to both servers."""
+
+    def __init__(self, pair: PDPair, log_path, python=sys.executable):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+             "--prefill", pair.prefill.url, str(pair.boot), "--decode", pair.decode.url,
+             "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout=120.0) -> "PDRouter":
+        """Until a request gets through: the router's /health answers before its worker
+        checks have seen both servers (a request meanwhile gets a 503)."""
+        probe = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}}
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, "the router exited:\n" + self.log_tail()
+            try:
+                if requests.post(self.url + "/generate", json=probe, timeout=60).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("no request got through the router:\n" + self.log_tail())
+
+    def post(self, path, body, timeout=300.0):
+        return requests.post(self.url + path, json=body, timeout=timeout)
+
+    def log_tail(self, n=40) -> str:
+        self.log.flush()
+        with open(self.log.name, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()

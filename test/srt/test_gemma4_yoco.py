@@ -556,10 +556,11 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
     mooncake's engine stood in (pd_stand_in/: real copies between the two processes, the
     KV-shared layers' never-written buffers left out by the prefill server): each request's
     first token on the prefill server and its whole greedy output on the decode server as
-    HF's, and the prefill passes counted fast; a request without bootstrap fields gets a 400."""
+    HF's, and the prefill passes counted fast; through SGLang's router in PD mode (which
+    draws the rooms) the same; a request without bootstrap fields gets a 400."""
     import requests
     from cpu_engine import LOGPROB_ATOL, assert_same_greedy
-    from pd_pair import PDPair
+    from pd_pair import PDPair, PDRouter
 
     pair = PDPair(served.model_dir, tmp_path, prefill_args=[
         "--kv-sharing-fast-prefill", "--kv-sharing-fast-prefill-min-tokens", "0"])
@@ -577,6 +578,16 @@ def test_a_pd_pair_with_yoco_on_the_prefill_server_decodes_as_hf(served, tmp_pat
         info = requests.get(prefill.url + "/get_server_info", timeout=30).json()
         passes = info["internal_states"][0]["kv_sharing_fast_prefill_passes"]
         assert passes.get("fast", 0) >= len(served.ref) - 1, passes  # the warm-up's is one more
+        router = PDRouter(pair, tmp_path / "router.log").wait_ready()
+        try:
+            for prompt, (toks, lps) in served.ref.items():
+                r = router.post("/generate", {"input_ids": list(prompt), "return_logprob": True,
+                                              "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0.0}})
+                assert r.status_code == 200, r.text + router.log_tail()
+                got = r.json()["meta_info"]["output_token_logprobs"]
+                assert_same_greedy(([t for _, t, _ in got], [v for v, _, _ in got]), (toks, lps), prompt)
+        finally:
+            router.stop()
         # sent to the decode server alone (no bootstrap): a 400, and it keeps serving
         r = decode.post("/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}})
         assert r.status_code == 400 and "bootstrap_host is missing" in r.text and decode.alive(), r.text
