@@ -201,10 +201,11 @@ def test_mtp_on_both_servers_of_pd(setup, tmp_path):
     server sends the target's last hidden state as the seed (its slot had the assistant's
     width: the first request failed); the decode server seeds the first draft round from it
     (it built an EAGLE input, which the frozen draft refuses). Each request, the three at
-    once (joining a running batch), decodes HF's tokens, every round verified."""
+    once (joining a running batch), decodes HF's tokens, every round verified; so does each
+    sent through SGLang's router in PD mode."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pd_pair import PDPair
+    from pd_pair import PDPair, PDRouter
 
     target, draft, prompts, want, _ = setup
     args = ["--attention-backend", "triton", "--disable-overlap-schedule", "--max-running-requests", "8",
@@ -231,6 +232,15 @@ def test_mtp_on_both_servers_of_pd(setup, tmp_path):
             assert p.json()["output_ids"] == toks[:1]
             out = d.json()
             assert out["output_ids"] == toks and 0 < out["meta_info"]["spec_verify_ct"] <= n, (out, toks)
+        router = PDRouter(pair, tmp_path / "router.log").wait_ready()
+        try:
+            for prompt, toks, n in zip(prompts, want, NEW_TOKENS):
+                r = router.post("/generate", {"input_ids": list(prompt), "sampling_params": {
+                    "max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}})
+                assert r.status_code == 200, r.text + router.log_tail()
+                assert r.json()["output_ids"] == toks and r.json()["meta_info"]["spec_verify_ct"] > 0, r.json()
+        finally:
+            router.stop()
         assert prefill.alive() and decode.alive()
     finally:
         pair.stop()
