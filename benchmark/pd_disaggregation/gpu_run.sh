@@ -4,12 +4,17 @@
 #   bash benchmark/pd_disaggregation/gpu_run.sh make [build/pdpack.tgz]   # here, with network
 #   bash benchmark/pd_disaggregation/gpu_run.sh run ARGS...               # there, after the fork's packs
 #
+# Calls carry at most 64 MiB: the pack (26 MB) goes with the fork's pack-3, the router's wheel
+# (build/pdrouter.whl, 31 MB, for `run ... --router`) with the run itself.
+#
 # make: mooncake-transfer-engine 0.3.13.post1 (its CUDA build) trimmed to the transfer
 # engine, libcudart.so.12 (nvidia-cuda-runtime-cu12; the machine has CUDA 13), and
-# libibverbs/libmlx5/libnl/libnuma (Debian debs), about 26 MB.
-# run: unpacks it into /tmp/pdpack once, checks that the engine loads, then
+# libibverbs/libmlx5/libnl/libnuma (Debian debs), about 26 MB; and beside it sglang-router
+# 0.3.2's wheel (SGLang's router, PD mode; its Python dependencies are sglang's own).
+# run: unpacks it into /tmp/pdpack once (the router's wheel too where carried), checks that
+# the engine loads, then
 # `gpu_pair.py $WORK ARGS...` (WORK=/tmp/pdwork: it keeps gpu_pair_<variant>.json across
-# calls on a warm machine), and copies the JSON and server logs to $OUT.
+# calls on a warm machine), and copies the JSON and the servers' logs (logs.tgz) to $OUT.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 case "${1:-}" in
@@ -27,13 +32,19 @@ make)
   (cd "$t/dl" && apt-get download libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 libnuma1 >/dev/null \
      && for d in *.deb; do dpkg-deb -x "$d" debs; done)
   find "$t/dl/debs" -maxdepth 4 -name '*.so.*' -exec cp -L {} "$t/pdpack/lib/" \;
-  tar czf "$dest" -C "$t" pdpack && rm -rf "$t"
-  ls -la "$dest"
+  tar czf "$dest" -C "$t" pdpack
+  python3 -m pip download -q --no-deps "${plat[@]}" -d "$t/router" sglang-router==0.3.2
+  cp "$t"/router/sglang_router-*.whl "$(dirname "$dest")/pdrouter.whl" && rm -rf "$t"
+  ls -la "$dest" "$(dirname "$dest")/pdrouter.whl"
   ;;
 run)
   shift
   : "${OUT:?OUT: the folder for the JSON and logs (the device sets it)}"
   [ -d /tmp/pdpack ] || tar xzf "${PDPACK:-build/pdpack.tgz}" -C /tmp
+  router=${PDROUTER:-build/pdrouter.whl}
+  if [ -f "$router" ] && [ ! -d /tmp/pdpack/site/sglang_router ]; then
+    python3 -m zipfile -e "$router" /tmp/pdpack/site
+  fi
   export PYTHONPATH="${SITE:-/tmp/site}:/tmp/pdpack/site"
   export LD_LIBRARY_PATH="/tmp/pdpack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if ! python3 -c "from mooncake.engine import TransferEngine"; then
@@ -44,7 +55,8 @@ run)
   mkdir -p "$work"
   timeout "${RUN_TIMEOUT:-570}" python3 "$here/gpu_pair.py" "$work" "$@"
   rc=$?
-  cp "$work"/*.json "$work"/*.log "$OUT"/ 2>/dev/null
+  cp "$work"/*.json "$OUT"/ 2>/dev/null
+  (cd "$work" && tar czf "$OUT/logs.tgz" ./*.log)  # one file: a call returns at most 8
   exit $rc
   ;;
 *)
