@@ -297,6 +297,20 @@ def test_completions_serve_token_ids_without_a_tokenizer(server):
     assert r.status_code == 200 and "data: [DONE]" in r.text, r.text
 
 
+@pytest.mark.stack("generic-fixes", step="v1-loads-unknown-section-400", fails_before=True)
+def test_loads_with_an_unknown_section_gets_400(server):
+    """Stock: 500 (the snapshot's ValueError escaped the handler), in JSON; the prometheus
+    format ignored the section."""
+    import requests
+
+    for query in ("include=bogus", "include=core,bogus&format=prometheus", "include=core,"):
+        r = requests.get(f"{server.url}/v1/loads?{query}", timeout=30)
+        assert r.status_code == 400 and "include has unknown sections" in r.text and "'queues'" in r.text, (query, r.status_code, r.text)
+    r = requests.get(f"{server.url}/v1/loads?include=core,memory", timeout=30)
+    assert r.status_code == 200 and set(r.json()["loads"][0]) >= {"memory"}, r.text
+    assert _serves(server)
+
+
 # Falsifying examples the fuzz found (each a 5xx before stack 02's tokenizer steps),
 # kept as regression cases: (path, JSON body, raw body).
 FUZZ_REGRESSIONS = [
