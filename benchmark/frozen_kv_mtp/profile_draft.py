@@ -2,14 +2,17 @@
 
     python benchmark/frozen_kv_mtp/profile_draft.py OUT_DIR [--target 31b|e4b]
         [--batches 1,2,4,8] [--contexts 220,670,2048,2460,4000] [--modes off,mtp,mtp-splitkv,mtp-splitkv-grouped]
-        [--profile] [--profile-point 8x2048]
+        [--profile] [--profile-point 8x2048[,16x2460]]
 
 Gemma-4 text-only target, `--load-format dummy` + SGLANG_DUMMY_WEIGHTS_AT_SCALE=1, and a
 Gemma-4 assistant draft (NEXTN -> FROZEN_KV_MTP), steps=3, topk=1, 4 draft tokens,
 SGLANG_SIMULATE_ACC_LEN=2.1 (honoured: frozen verify uses eagle_sample, eagle_utils.py:838).
 Decode time = t(short+out_len) - t(short) for the same shape; steps from spec_verify_ct.
 One `RESULT {json}` line per point. --profile runs the engine's torch profiler (in the
-scheduler process) for a few steps and prints the top CUDA kernels by total time.
+scheduler process) for a few steps at each --profile-point and prints the top CUDA kernels
+by total time and, with speculation, each round's phases (draft, verify, draft_extend, the
+host after it: GPU window, kernel time inside it, host time; trace_summary.round_phases);
+the JSON keeps them under "profiles".
 31B draft: no 31B assistant config exists here; the E4B assistant's is reused with
 backbone_hidden_size = target hidden size and the target's attention geometry (it reads
 target KV); its own width/depth/centroid head stay E4B-sized (a guess). The 31B text config
@@ -125,7 +128,9 @@ def profile(eng, gen, mode, B, L, a, vocab, out_dir):
                        lambda: run(eng, gen, B, L, 4 * a.profile_steps + 8, vocab),
                        num_steps=a.profile_steps, top=a.top)
     print_summary(f"{mode} {B}x{L}", s, a.top)
-    print("PROFILE_JSON " + json.dumps({"mode": mode, "batch": B, "context": L, **s}), flush=True)
+    rec = {"mode": mode, "batch": B, "context": L, **s}
+    print("PROFILE_JSON " + json.dumps(rec), flush=True)
+    return rec
 
 
 def main():
@@ -146,7 +151,7 @@ def main():
     ap.add_argument("--max-running-requests", type=int, default=0, help="0: server default (48 with MTP)")
     ap.add_argument("--extra", default="{}", help="JSON of extra Engine kwargs")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--profile-point", default="8x2048", help="BxL to profile")
+    ap.add_argument("--profile-point", default="8x2048", help="BxL to profile (comma-separated: several)")
     ap.add_argument("--profile-steps", type=int, default=12)
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
@@ -160,7 +165,7 @@ def main():
 
     batches = [int(x) for x in a.batches.split(",")]
     contexts = [int(x) for x in a.contexts.split(",")]
-    results = []
+    results, profiles = [], []
     for mode in a.modes.split(","):
         print(f"== mode {mode} target={a.target}", flush=True)
         eng = make_engine(mode, target_dir, draft_dir, a)
@@ -169,13 +174,13 @@ def main():
             for L in contexts:
                 for B in batches:
                     results.append(point(eng, gen, mode, B, L, a, tcfg["vocab_size"]))
-            if a.profile:
-                B, L = (int(x) for x in a.profile_point.split("x"))
-                profile(eng, gen, mode, B, L, a, tcfg["vocab_size"], a.out_dir)
+            for point_ in a.profile_point.split(",") if a.profile else ():
+                B, L = (int(x) for x in point_.split("x"))
+                profiles.append(profile(eng, gen, mode, B, L, a, tcfg["vocab_size"], a.out_dir))
         finally:
             eng.shutdown()
     with open(os.path.join(a.out_dir, f"profile_draft-{a.target}.json"), "w") as f:
-        json.dump({"args": vars(a), "results": results}, f, indent=1)
+        json.dump({"args": vars(a), "results": results, "profiles": profiles}, f, indent=1)
 
 
 if __name__ == "__main__":

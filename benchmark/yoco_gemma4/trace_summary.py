@@ -5,7 +5,8 @@
 `run_fn()` sends the requests to profile; `num_steps` counts scheduler forwards (the
 profiler stops by itself). The summary says where the time goes on both sides:
 GPU kernels (total, top by time), the host (CPU ops by total time, how many kernels
-the host launched) and the annotated spans. For short prefills that are launch-bound,
+the host launched), the annotated spans and, for speculative decoding, each round's
+phases (round_phases). For short prefills that are launch-bound,
 the launch count and host time are the numbers to compare between two modes.
 """
 
@@ -74,7 +75,51 @@ def summarize(path, top=25):
         "top_cpu_ops": ranked(buckets["cpu_op"]),
         "spans": ranked(buckets["span"]),
         "top_runtime_calls": ranked(buckets["runtime"]),
+        "round_phases": round_phases(path),
     }
+
+
+def _busy(kernels, lo, hi):
+    """Kernel time inside [lo, hi) (kernels of one stream do not overlap)."""
+    return sum(max(0.0, min(hi, k0 + d) - max(lo, k0)) for k0, d in kernels)
+
+
+def round_phases(path):
+    """Speculative decode rounds, phase by phase, from the spans the workers open
+    (spec_stage_span: `draft`, `draft_extend`; the verify is what lies between them).
+    A round runs from one `draft` span's start to the next's. For each phase, on the GPU
+    (`gpu_user_annotation` spans, kernels): its window and the kernel time inside it (the
+    rest of the window the GPU waited for the host); on the host (`user_annotation` spans):
+    the time inside the span. Medians over the rounds, in ms, or None without two rounds."""
+    events = load_spans(path)
+    kernels = sorted((e.get("ts", 0.0), e.get("dur", 0.0)) for e in events if e.get("cat") == "kernel")
+
+    def spans(cat, name):
+        return sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events
+                      if e.get("cat") == cat and e.get("name") == name)
+
+    def med(xs):
+        xs = sorted(xs)
+        return round(xs[len(xs) // 2] / 1000, 3) if xs else None
+
+    out = {}
+    for side, cat in (("gpu", "gpu_user_annotation"), ("host", "user_annotation")):
+        drafts, extends = spans(cat, "draft"), spans(cat, "draft_extend")
+        rows = []
+        for (d0, d1), (n0, _) in zip(drafts, drafts[1:]):
+            ext = next(((e0, e1) for e0, e1 in extends if d1 <= e0 < n0), None)
+            if ext is None:
+                continue
+            windows = {"draft": (d0, d1), "verify": (d1, ext[0]), "draft_extend": ext,
+                       "after": (ext[1], n0), "round": (d0, n0)}
+            row = {k: w[1] - w[0] for k, w in windows.items()}
+            if side == "gpu":
+                row.update({f"{k}_kernels": _busy(kernels, *w) for k, w in windows.items()})
+            rows.append(row)
+        if rows:
+            out[side] = {k: med(r[k] for r in rows) for k in rows[0]}
+            out[side]["rounds"] = len(rows)
+    return out or None
 
 
 def profile_engine(eng, out_dir, run_fn, num_steps=1, activities=("CPU", "GPU"), top=25):
@@ -96,6 +141,8 @@ def print_summary(tag, s, top=15):
         return
     print(f"PROFILE {tag}: kernels {s['kernels']} ({s['kernel_ms']} ms on the GPU), "
           f"launches {s['launches']}, CPU ops {s['cpu_ops']}, trace {s['trace']}", flush=True)
+    for side, row in (s.get("round_phases") or {}).items():
+        print(f"  rounds ({side}, median ms): " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
     for title, rows in (("kernel", s["top_kernels"]), ("cpu op", s["top_cpu_ops"]), ("span", s["spans"]),
                         ("cuda", s.get("top_runtime_calls", []))):
         for name, ms, n in rows[:top]:

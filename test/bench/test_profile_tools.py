@@ -39,6 +39,41 @@ def test_trace_summary_counts_kernels_launches_and_host_ops(tmp_path):
     assert s["top_runtime_calls"][0] == ["cudaMemcpyAsync", 0.009, 1]
 
 
+def test_round_phases_split_each_speculative_round(tmp_path):
+    """trace_summary.round_phases on three rounds (draft, verify, draft_extend, then the host
+    before the next draft), spans on both sides: each phase's window, the kernel time inside
+    it on the GPU (the rest the GPU waited), medians; a round without its draft_extend, and
+    the last draft (no next round), are not counted."""
+    import json
+
+    from trace_summary import round_phases, summarize
+
+    ev = []
+    for r, t in enumerate((0.0, 1000.0, 2200.0, 3100.0)):  # rounds 0-2; the 4th draft ends them
+        span = lambda cat, name, t0, t1: ev.append({"ph": "X", "cat": cat, "name": name, "ts": t0, "dur": t1 - t0})
+        span("gpu_user_annotation", "draft", t, t + 200)
+        ev.append({"ph": "X", "cat": "kernel", "name": "d", "ts": t + 50, "dur": 100.0})
+        ev.append({"ph": "X", "cat": "kernel", "name": "v", "ts": t + 300, "dur": 400.0})  # verify
+        span("user_annotation", "draft", t - 100, t + 150)
+        if r < 3:
+            span("gpu_user_annotation", "draft_extend", t + 800, t + 900)
+            ev.append({"ph": "X", "cat": "kernel", "name": "e", "ts": t + 800, "dur": 100.0})
+            span("user_annotation", "draft_extend", t + 600, t + 650)
+    path = tmp_path / "r.trace.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    p = round_phases(str(path))
+    assert p["gpu"]["rounds"] == 3 and p["host"]["rounds"] == 3
+    assert (p["gpu"]["draft"], p["gpu"]["draft_kernels"]) == (0.2, 0.1)
+    assert (p["gpu"]["verify"], p["gpu"]["verify_kernels"]) == (0.6, 0.4)  # 0.2 ms waiting
+    assert (p["gpu"]["draft_extend"], p["gpu"]["draft_extend_kernels"]) == (0.1, 0.1)
+    assert p["gpu"]["round"] == 1.0  # rounds of 1.0, 1.2, 0.9 ms
+    assert p["gpu"]["after"] == 0.1 and p["gpu"]["round_kernels"] == 0.6
+    assert (p["host"]["draft"], p["host"]["verify"], p["host"]["draft_extend"]) == (0.25, 0.45, 0.05)
+    assert summarize(str(path))["round_phases"] == p
+    path.write_text(json.dumps({"traceEvents": [e for e in ev if e["name"] != "draft_extend"]}))
+    assert round_phases(str(path)) is None
+
+
 def test_forward_bench_times_one_pass_with_the_fast_path_on(tmp_path):
     """forward_bench.py (one prefill pass in process, sglang.bench_one_batch) on the
     tiny model on CPU: a row per point with every mode, each mode's passes pooled over
