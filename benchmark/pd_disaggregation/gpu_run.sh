@@ -3,6 +3,7 @@
 #
 #   bash benchmark/pd_disaggregation/gpu_run.sh make [build/pdpack.tgz]   # here, with network
 #   bash benchmark/pd_disaggregation/gpu_run.sh run ARGS...               # there, after the fork's packs
+#   bash benchmark/pd_disaggregation/gpu_run.sh faults ARGS...            # gpu_faults.py instead
 #
 # Calls carry at most 64 MiB: the pack (26 MB) goes with the fork's pack-3, the router's wheel
 # (build/pdrouter.whl, 31 MB, for `run ... --router`) with the run itself.
@@ -13,8 +14,8 @@
 # 0.3.2's wheel (SGLang's router, PD mode; its Python dependencies are sglang's own).
 # run: unpacks it into /tmp/pdpack once (the router's wheel too where carried), checks that
 # the engine loads, then
-# `gpu_pair.py $WORK ARGS...` (WORK=/tmp/pdwork: it keeps gpu_pair_<variant>.json across
-# calls on a warm machine), and copies the JSON and the servers' logs (logs.tgz) to $OUT.
+# `gpu_pair.py $WORK ARGS...` (faults: gpu_faults.py; WORK=/tmp/pdwork: it keeps the JSON
+# across calls on a warm machine), and copies the JSON and the servers' logs (logs.tgz) to $OUT.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 case "${1:-}" in
@@ -37,7 +38,8 @@ make)
   cp "$t"/router/sglang_router-*.whl "$(dirname "$dest")/pdrouter.whl" && rm -rf "$t"
   ls -la "$dest" "$(dirname "$dest")/pdrouter.whl"
   ;;
-run)
+run|faults)
+  script=$([ "$1" = faults ] && echo gpu_faults.py || echo gpu_pair.py)
   shift
   : "${OUT:?OUT: the folder for the JSON and logs (the device sets it)}"
   [ -d /tmp/pdpack ] || tar xzf "${PDPACK:-build/pdpack.tgz}" -C /tmp
@@ -53,14 +55,14 @@ run)
   fi
   work=${WORK:-/tmp/pdwork}
   mkdir -p "$work"
-  timeout "${RUN_TIMEOUT:-570}" python3 "$here/gpu_pair.py" "$work" "$@"
+  timeout "${RUN_TIMEOUT:-570}" python3 "$here/$script" "$work" "$@"
   rc=$?
   cp "$work"/*.json "$OUT"/ 2>/dev/null
   (cd "$work" && tar czf "$OUT/logs.tgz" ./*.log)  # one file: a call returns at most 8
   exit $rc
   ;;
 *)
-  sed -n 2,12p "$0"
+  sed -n 2,18p "$0"
   exit 2
   ;;
 esac

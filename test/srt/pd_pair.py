@@ -53,10 +53,12 @@ class PDPair:
             s.wait_ready()
         return self
 
-    def restart(self, mode) -> ServerProcess:
-        """A new server in place of `mode`'s (stopped first if it still runs)."""
+    def restart(self, mode, env=None) -> ServerProcess:
+        """A new server in place of `mode`'s (stopped first if it still runs), with `env`
+        over the pair's environment."""
         self.servers[mode].stop()
-        self.servers[mode] = ServerProcess(self.model_dir, self.args[mode], name=f"pd-{mode}", env=self.env)
+        self.servers[mode] = ServerProcess(self.model_dir, self.args[mode], name=f"pd-{mode}",
+                                           env={**self.env, **(env or {})})
         return self.servers[mode].wait_ready()
 
     def body(self, room, input_ids, max_new_tokens, sampling=None, **extra) -> dict:
@@ -89,6 +91,21 @@ class PDPair:
     def stop(self):
         for s in self.servers.values():
             s.stop()
+
+
+def idle(server) -> dict:
+    """A server's load once idle, or what it still holds: nothing running or queued, no KV
+    token used (after a cache flush), empty disaggregation queues. `server`: its `.url`."""
+    deadline = time.time() + 60
+    while (r := requests.post(server.url + "/flush_cache", timeout=60)).status_code != 200:
+        assert time.time() < deadline, r.text  # a flush waits for an idle scheduler
+        time.sleep(0.5)
+    r = requests.get(server.url + "/v1/loads", params={"include": "disagg"}, timeout=30)
+    assert r.status_code == 200, r.text
+    (load,) = r.json()["loads"]  # one data-parallel rank
+    queues = load.get("disaggregation") or {}
+    queues = {k: v for k, v in queues.items() if k.endswith("_queue_reqs") and v}
+    return {k: v for k, v in load.items() if k in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens") and v} | queues
 
 
 class PDRouter:

@@ -9,7 +9,10 @@ while a file exists), and the test SIGKILLs one server meanwhile:
 - the prefill server lost: the decode server answers its waiting request with an error
   within a bounded time (it notices the lost peer, well inside the waiting timeout),
   frees what it held and keeps serving; a prefill server started again on the same
-  bootstrap port serves through the pair as before.
+  bootstrap port serves through the pair as before;
+- first, the prefill server restarted at once with no request in flight (the decode
+  server's heartbeat set never to give up on it by failed probes): the decode server
+  takes the new one, which serves through the pair as before.
 "Frees what it held": once the server is idle, its KV pool holds no token (after a
 cache flush) and its disaggregation queues are empty.
 """
@@ -28,24 +31,34 @@ PROMPT, HELD_PROMPT, NEW = (5, 6, 7, 8, 9, 10), tuple(range(5, 100)), 4
 WAITING_TIMEOUT_S, NOTICED_WITHIN_S = 120, 60
 
 
-def idle(server) -> dict:
-    """The server's load once idle: nothing running or queued, no KV token held."""
-    deadline = time.time() + 60
-    while (r := requests.post(server.url + "/flush_cache", timeout=60)).status_code != 200:
-        assert time.time() < deadline, r.text  # a flush waits for an idle scheduler
-        time.sleep(0.5)
-    (load,) = server.loads(include="disagg")
-    queues = load.get("disaggregation") or {}
-    queues = {k: v for k, v in queues.items() if k.endswith("_queue_reqs") and v}
-    return {k: v for k, v in load.items() if k in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens") and v} | queues
+@pytest.mark.stack("generic-fixes", step="pd-decode-notices-restarted-prefill", fails_before=True)
+def test_a_bootstrap_address_answered_by_another_process_is_noticed():
+    """The record behind the decode server's check: the instance its cached info came from
+    (the pair below shows the check itself)."""
+    from sglang.srt.disaggregation.bootstrap_instance import HEADER, BootstrapInstances, new_instance_headers
+
+    a, b = new_instance_headers(), new_instance_headers()
+    assert set(a) == {HEADER} and a != b  # one name a server
+    seen = BootstrapInstances()
+    assert not seen.replaced("p:1", b)  # nothing cached from p:1 yet
+    seen.fetched("p:1", a)
+    assert not seen.replaced("p:1", a) and not seen.replaced("p:1", {})  # same, or an old server
+    assert seen.replaced("p:1", b)
+    assert not seen.replaced("p:1", b)  # dropped: until the next fetch, nothing to compare
+    seen.fetched("p:1", {})  # fetched from a server without the header: never compared
+    assert not seen.replaced("p:1", a)
 
 
 def test_a_pd_pair_survives_the_loss_of_either_server(model_dir, tmp_path):
-    from pd_pair import PDPair
+    from pd_pair import PDPair, idle
 
     hold = str(tmp_path / "hold")
+    # At first the decode server's heartbeat never drops a prefill server by failed probes
+    # (by default after 2 in 10 s), so only a restart noticed as such can.
     pair = PDPair(model_dir, tmp_path, env={"SGLANG_TEST_PD_STAND_IN_HOLD": hold,
-                                            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S)})
+                                            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S),
+                                            "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1000",
+                                            "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2"})
 
     def lose(mode, room):
         """A request through the pair whose KV transfer is held while `mode`'s server is
@@ -76,11 +89,21 @@ def test_a_pd_pair_survives_the_loss_of_either_server(model_dir, tmp_path):
         want = served_as_before(1)
         assert idle(pair.prefill) == {} and idle(pair.decode) == {}
 
+        # step pd-decode-notices-restarted-prefill: before it, the decode server kept the
+        # killed process's endpoints and the next request waited out both timeouts
+        os.killpg(pair.prefill.proc.pid, signal.SIGKILL)
+        pair.restart("prefill")
+        deadline = time.time() + 60
+        while "Lost connection with prefill instance" not in pair.decode.log_tail(200):
+            assert time.time() < deadline, "the decode server took no new prefill server:\n" + pair.decode.log_tail()
+            time.sleep(0.5)
+        assert served_as_before(10) == want
+
         p, d, after = lose("decode", 2)
         assert isinstance(d, requests.RequestException), d
         assert p.status_code == 500 and "transfer failed" in p.text and "bootstrap_room=2" in p.text, p.text
         assert pair.prefill.alive() and idle(pair.prefill) == {}
-        pair.restart("decode")
+        pair.restart("decode", env={"SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2"})
         assert served_as_before(3) == want
 
         p, d, after = lose("prefill", 4)
