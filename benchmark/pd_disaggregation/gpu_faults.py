@@ -33,8 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import requests  # noqa: E402
-from gpu_pair import PD, Server  # noqa: E402 (it puts the YOCO bench and test/srt on the path)
+from gpu_pair import PD, Server, both  # noqa: E402 (it puts the YOCO bench and test/srt on the path)
 from make_checkpoint import make_checkpoint  # noqa: E402
 from pd_pair import idle  # noqa: E402
 
@@ -72,22 +71,11 @@ def main():
     probe = {"input_ids": [5, 6, 7, 8, 9, 10] * 50, "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW}}
 
     def send(body):
-        """One request to both servers at once: {mode: (status or None, the output ids or
-        the error)}; None where no answer came (a server killed meanwhile)."""
-        body = {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": next(rooms)}
-        out = {}
-
-        def post(mode):
-            try:
-                r = requests.post(servers[mode].url + "/generate", json=body, timeout=TIMEOUT_S + 60)
-                out[mode] = (r.status_code, r.json()["output_ids"] if r.status_code == 200 else r.text[:300])
-            except requests.RequestException as e:
-                out[mode] = (None, repr(e)[:300])
-
-        ths = [threading.Thread(target=post, args=(m,)) for m in ("prefill", "decode")]
-        [t.start() for t in ths]
-        [t.join() for t in ths]
-        return out
+        """One request to both servers at once: {mode: (status, the output ids or the
+        error)}; status None where no answer came (a server killed meanwhile)."""
+        answers = both(servers["prefill"], servers["decode"], body, next(rooms), boot)
+        return {mode: (r[0], r[1]["output_ids"] if r[0] == 200 else str(r[1])[:300])
+                for mode, r in zip(("prefill", "decode"), answers)}
 
     def served():
         status, out = send(probe)["decode"]

@@ -104,17 +104,22 @@ def parity_prompts(n, vocab):
 
 
 def generate(url, body, stream=False):
+    """(status, the JSON or the error text, seconds, seconds to the first chunk); status None
+    where no answer came (the server was killed meanwhile: gpu_faults.py)."""
     t = time.time()
-    if not stream:
-        r = requests.post(url + "/generate", json=body, timeout=600)
-        return r.status_code, (r.json() if r.status_code == 200 else r.text), time.time() - t, None
-    first, last = None, None
-    with requests.post(url + "/generate", json={**body, "stream": True}, timeout=600, stream=True) as r:
-        for line in r.iter_lines():
-            if line.startswith(b"data:") and line != b"data: [DONE]":
-                first = first or time.time() - t
-                last = json.loads(line[5:])
-        return r.status_code, last, time.time() - t, first
+    try:
+        if not stream:
+            r = requests.post(url + "/generate", json=body, timeout=600)
+            return r.status_code, (r.json() if r.status_code == 200 else r.text), time.time() - t, None
+        first, last = None, None
+        with requests.post(url + "/generate", json={**body, "stream": True}, timeout=600, stream=True) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and line != b"data: [DONE]":
+                    first = first or time.time() - t
+                    last = json.loads(line[5:])
+            return r.status_code, last, time.time() - t, first
+    except requests.RequestException as e:
+        return None, repr(e), time.time() - t, None
 
 
 def both(pre, dec, body, room, boot, stream=False):
